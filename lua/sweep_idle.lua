@@ -1,0 +1,36 @@
+-- sweep_idle: expire up to `batch` sessions idle for at least their channel's TTL.
+-- Frees memory when nobody writes. Oldest activity first, public then IM.
+-- KEYS[1] = gm:{shard}:lru:public  (zset)    last activity, public sessions
+-- KEYS[2] = gm:{shard}:lru:im      (zset)    last activity, IM sessions
+-- KEYS[3] = gm:{shard}:sessions    (zset)    every session
+-- KEYS[4] = gm:{shard}:clock       (hash)    clock domain
+-- KEYS[5] = gm:{shard}:events      (stream)  events
+-- ARGV[1] = now_mono (integer ms)
+-- ARGV[2] = now_wall (integer ms)
+-- ARGV[3] = boot_id
+-- ARGV[4] = batch: most sessions to expire in this call (1..1000)
+-- ARGV[5] = max_events
+-- Returns: number of sessions expired (event expired_inactivity each)
+-- Errors:  "GM_BADARG <field>" on a malformed argument
+-- Victims' keys are named by session_keys() inside this shard's hash tag.
+
+local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
+local batch = arg_int('batch', ARGV[4], 1, 1000)
+local max_events = arg_int('max_events', ARGV[5], 1)
+local err = arg_error()
+if err then return err end
+
+local now = store_now(KEYS[4], boot, mono, wall, true)
+local prefix = shard_prefix(KEYS[1])
+local expired = 0
+for _, pair in ipairs({{KEYS[1], TTL_MS.public}, {KEYS[2], TTL_MS.im}}) do
+  local lru, ttl = pair[1], pair[2]
+  if expired < batch then
+    local victims = redis.call('ZRANGEBYSCORE', lru, '-inf', now - ttl, 'LIMIT', 0, batch - expired)
+    for _, m in ipairs(victims) do
+      end_session(session_keys(prefix, m), m, lru, KEYS[3], KEYS[5], max_events, 'expired_inactivity', wall)
+      expired = expired + 1
+    end
+  end
+end
+return expired

@@ -1,0 +1,66 @@
+"""gridmem: bounded, isolated conversation memory for LLM agents in virtual worlds."""
+
+from worker.clock import Clock, ManualClock, SystemClock
+from worker.config import ConversationConfig, Limits, Settings
+from worker.errors import (
+    ConfigError,
+    CorruptRecord,
+    GridmemError,
+    InputTooLarge,
+    InvalidAvatarId,
+    InvalidChannel,
+    InvalidInput,
+    InvalidRecord,
+    ScriptError,
+)
+from worker.records import (
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    Channel,
+    ContextMessage,
+    Event,
+    MetadataPage,
+    ReasonCode,
+    Receipt,
+    SessionMetadata,
+    ToolSummary,
+    TurnPage,
+    TurnView,
+)
+from worker.store import ConversationStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActionResult",
+    "AgentReply",
+    "AvatarMessage",
+    "Channel",
+    "Clock",
+    "ConfigError",
+    "ContextMessage",
+    "ConversationConfig",
+    "ConversationStore",
+    "CorruptRecord",
+    "Event",
+    "GridmemError",
+    "InputTooLarge",
+    "InvalidAvatarId",
+    "InvalidChannel",
+    "InvalidInput",
+    "InvalidRecord",
+    "Limits",
+    "ManualClock",
+    "MetadataPage",
+    "ReasonCode",
+    "Receipt",
+    "ScriptError",
+    "SessionMetadata",
+    "Settings",
+    "SystemClock",
+    "ToolSummary",
+    "TurnPage",
+    "TurnView",
+    "__version__",
+]

@@ -1,0 +1,108 @@
+"""Every Redis key name gridmem uses, built in one place.
+
+Layout (namespace "gm", shard 0):
+
+    gm:{0}:s:<uuid>:<channel>:meta      hash    session metadata
+    gm:{0}:s:<uuid>:<channel>:turns     zset    transcript, score = seq
+    gm:{0}:s:<uuid>:<channel>:idem      hash    idempotency key -> first receipt
+    gm:{0}:s:<uuid>:<channel>:summary   string  factual summary of folded turns
+    gm:{0}:s:<uuid>:<channel>:archive   zset    archived turns (opt-in)
+    gm:{0}:lru:<channel>                zset    member <uuid>:<channel>, score = last activity
+    gm:{0}:sessions                     zset    every live session, score 0, ordered by member
+    gm:{0}:seq                          string  sequence counter
+    gm:{0}:clock                        hash    boot id and offset of the store's clock domain
+    gm:{0}:events                       stream  events, exact MAXLEN
+
+The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
+Cluster slot, so every script touches one slot. Both channels of an avatar
+live in the same shard. lua/lib.lua rebuilds a session's key names from an
+index member for expiry/eviction victims; SESSION_PARTS must match it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from worker.records import Channel
+
+SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
+
+
+def session_member(avatar_uuid: str, channel: Channel) -> str:
+    """The index member naming one session: `<uuid>:<channel>` (sorts by UUID, then channel)."""
+    return f"{avatar_uuid}:{channel.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    member: str
+    meta: str
+    turns: str
+    idem: str
+    summary: str
+    archive: str
+
+    def all(self) -> tuple[str, ...]:
+        return (self.meta, self.turns, self.idem, self.summary, self.archive)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    shard: int
+    lru_public: str
+    lru_im: str
+    sessions: str
+    seq: str
+    clock: str
+    events: str
+
+    def lru(self, channel: Channel) -> str:
+        return self.lru_public if channel is Channel.PUBLIC else self.lru_im
+
+
+class KeySpace:
+    """Key names for one namespace and shard count."""
+
+    def __init__(self, namespace: str = "gm", shards: int = 1) -> None:
+        self.namespace = namespace
+        self.shards = shards
+        self._shard_keys = tuple(self._build_shard(n) for n in range(shards))
+
+    def prefix(self, shard: int) -> str:
+        return f"{self.namespace}:{{{shard}}}:"
+
+    def shard_of(self, avatar_uuid: str) -> int:
+        if self.shards == 1:
+            return 0
+        return zlib.crc32(avatar_uuid.encode("ascii")) % self.shards
+
+    def shard(self, shard: int) -> ShardKeys:
+        return self._shard_keys[shard]
+
+    def all_shards(self) -> tuple[ShardKeys, ...]:
+        return self._shard_keys
+
+    def session(self, avatar_uuid: str, channel: Channel) -> tuple[SessionKeys, ShardKeys]:
+        """A session's keys and its shard's keys (same hash tag)."""
+        shard = self.shard_of(avatar_uuid)
+        member = session_member(avatar_uuid, channel)
+        base = f"{self.prefix(shard)}s:{member}:"
+        keys = SessionKeys(member, *(base + part for part in SESSION_PARTS))
+        return keys, self._shard_keys[shard]
+
+    def stream(self, name: str) -> str:
+        """Service streams (inbound, outbound, dead) live outside the shards: `gm:inbound`."""
+        return f"{self.namespace}:{name}"
+
+    def _build_shard(self, shard: int) -> ShardKeys:
+        p = self.prefix(shard)
+        return ShardKeys(
+            shard=shard,
+            lru_public=p + "lru:public",
+            lru_im=p + "lru:im",
+            sessions=p + "sessions",
+            seq=p + "seq",
+            clock=p + "clock",
+            events=p + "events",
+        )

@@ -1,0 +1,261 @@
+"""What each store method does, written once for both the sync and the async door.
+
+Every public store method is a generator here: it validates its input (before
+the first yield, so bad input never reaches Redis), prepares arguments, yields
+`ScriptCall`s, receives their parsed replies, and returns the result. The
+stores only drive these generators: `ConversationStore` with a blocking client,
+`AsyncConversationStore` with an asyncio one. This is a "sans-I/O" core.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
+
+from worker.clock import Clock
+from worker.codec import StoredEntry, decode_entry, prepare
+from worker.config import ConversationConfig
+from worker.context import project, turn_view
+from worker.errors import CorruptRecord, InvalidInput
+from worker.keys import KeySpace
+from worker.records import (
+    Channel,
+    ContextMessage,
+    Event,
+    MetadataPage,
+    ReasonCode,
+    Receipt,
+    SessionMetadata,
+    TurnPage,
+    parse_record,
+)
+from worker.scripts import ClockReading, MetaRow, ScriptCall, Scripts
+from worker.validate import (
+    EVENTS_COUNT_MAX,
+    METADATA_LIMIT_MAX,
+    PAGE_LIMIT_MAX,
+    canonical_uuid,
+    clamped_int,
+    idempotency_key,
+    page_anchor,
+    page_direction,
+    parse_channel,
+    session_member,
+    stream_id,
+)
+
+T = TypeVar("T")
+Op = Generator[ScriptCall[Any], Any, T]
+
+# Sessions expired per sweep_idle call: bounds how long one script blocks the server.
+SWEEP_BATCH = 200
+
+
+def new_session_id() -> str:
+    """128 random bits, hex: unguessable and never reused in practice."""
+    return secrets.token_hex(16)
+
+
+def _decode_session(entries: list[str], session_id: str) -> list[StoredEntry]:
+    decoded = [decode_entry(e) for e in entries]
+    if any(entry.session_id != session_id for entry in decoded):
+        # Isolation is enforced by keys; this only catches a store damaged from outside.
+        raise CorruptRecord("a transcript entry belongs to another session")
+    return decoded
+
+
+class Operations:
+    """The store's behaviour, independent of how replies arrive."""
+
+    def __init__(
+        self,
+        config: ConversationConfig,
+        clock: Clock,
+        scripts: Scripts | None = None,
+        session_ids: Callable[[], str] = new_session_id,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.keys = KeySpace(config.namespace, config.shards)
+        self.scripts = scripts or Scripts()
+        self._session_ids = session_ids
+
+    def _now(self) -> ClockReading:
+        return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
+
+    def record(
+        self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
+    ) -> Op[Receipt]:
+        uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
+        idem = idempotency_key(idempotency_key_)
+        prepared = prepare(parse_record(record), self.config.limits)
+        session, shard = self.keys.session(uuid, ch)
+        reply = yield self.scripts.record_turn(
+            session,
+            shard,
+            shard.lru(ch),
+            self._now(),
+            candidate_session_id=self._session_ids(),
+            payload=prepared.payload,
+            idempotency_key=idem,
+            redactions=0,
+            truncated=prepared.truncated,
+            max_events=self.config.limits.max_events,
+        )
+        return Receipt(
+            session_id=reply.session_id,
+            seq=reply.seq,
+            new_session=reply.new_session,
+            redactions=reply.redactions,
+            truncated=reply.truncated,
+        )
+
+    def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
+        uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
+        session, shard = self.keys.session(uuid, ch)
+        reply = yield self.scripts.read_context(session, shard, shard.lru(ch), self._now())
+        if not reply.session_id:
+            return []
+        return project(reply.summary, _decode_session(reply.entries, reply.session_id))
+
+    def read_page(
+        self,
+        avatar_uuid: object,
+        channel: object,
+        anchor: object = None,
+        direction: object = "backward",
+        limit: object = 50,
+    ) -> Op[TurnPage]:
+        uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
+        start, way = page_anchor(anchor), page_direction(direction)
+        count = clamped_int(limit, "limit", 1, PAGE_LIMIT_MAX)
+        session, shard = self.keys.session(uuid, ch)
+        reply = yield self.scripts.read_page(
+            session, shard, shard.lru(ch), self._now(), anchor=start, direction=way, limit=count
+        )
+        turns = [turn_view(decode_entry(e)) for e in reply.entries]
+        next_anchor = None
+        if turns:
+            next_anchor = turns[0].seq if way == "backward" else turns[-1].seq
+        return TurnPage(turns=turns, has_more=reply.has_more, next_anchor=next_anchor)
+
+    def list_metadata(self, cursor: object = None, limit: object = 100) -> Op[MetadataPage]:
+        shard_no, after = self._parse_cursor(cursor)
+        want = clamped_int(limit, "limit", 1, METADATA_LIMIT_MAX)
+        items: list[SessionMetadata] = []
+        while shard_no < self.keys.shards and len(items) < want:
+            reply = yield self.scripts.list_metadata(
+                self.keys.shard(shard_no), self._now(), after=after, limit=want - len(items)
+            )
+            items.extend(_metadata(row) for row in reply.rows)
+            if reply.next_after:
+                return MetadataPage(items=items, next_cursor=f"{shard_no}:{reply.next_after}")
+            shard_no, after = shard_no + 1, ""
+        more = shard_no < self.keys.shards
+        return MetadataPage(items=items, next_cursor=f"{shard_no}:" if more else None)
+
+    def _parse_cursor(self, cursor: object) -> tuple[int, str]:
+        if cursor is None:
+            return 0, ""
+        if not isinstance(cursor, str) or ":" not in cursor:
+            raise InvalidInput("cursor", "must be None or a cursor as returned by list_metadata()")
+        shard_text, after = cursor.split(":", 1)
+        if not shard_text.isdigit() or int(shard_text) >= self.keys.shards:
+            raise InvalidInput("cursor", "must be None or a cursor as returned by list_metadata()")
+        return int(shard_text), session_member(after, "cursor") if after else ""
+
+    def end_session(self, avatar_uuid: object, channel: object, reason: ReasonCode) -> Op[bool]:
+        """Operator deletion or expiry: the session goes whole, with one event."""
+        uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
+        session, shard = self.keys.session(uuid, ch)
+        removed: bool = yield self.scripts.delete_session(
+            session,
+            shard,
+            shard.lru(ch),
+            now_wall=self.clock.wall_ms(),
+            reason=reason.value,
+            max_events=self.config.limits.max_events,
+        )
+        return removed
+
+    def sweep(self, limit: object = 1000) -> Op[int]:
+        budget = clamped_int(limit, "limit", 0, 1_000_000)
+        total = 0
+        for shard in self.keys.all_shards():
+            while total < budget:
+                batch = min(SWEEP_BATCH, budget - total)
+                expired: int = yield self.scripts.sweep_idle(
+                    shard, self._now(), batch=batch, max_events=self.config.limits.max_events
+                )
+                total += expired
+                if expired < batch:
+                    break
+        return total
+
+    def events(self, after: object = None, count: object = 100) -> Op[list[Event]]:
+        """Events oldest first, across shards.
+
+        With one shard an event id is its stream ID. With several, it is the
+        comma-joined position in every shard's stream after that event, so passing
+        the last id seen as `after` resumes every stream exactly where it stopped.
+        """
+        positions = self._parse_event_cursor(after)
+        want = clamped_int(count, "count", 1, EVENTS_COUNT_MAX)
+        pending: list[tuple[tuple[int, int, int], str, dict[str, str]]] = []
+        for shard in self.keys.all_shards():
+            rows = yield self.scripts.read_events(shard, after=positions[shard.shard], count=want)
+            for entry_id, fields in rows:
+                ms, seq = entry_id.split("-")
+                pending.append(((int(ms), int(seq), shard.shard), entry_id, fields))
+        pending.sort(key=lambda item: item[0])
+        events = []
+        for (_, _, shard_no), entry_id, fields in pending[:want]:
+            positions[shard_no] = entry_id
+            event_id = entry_id if len(positions) == 1 else ",".join(positions)
+            events.append(_event(event_id, fields))
+        return events
+
+    def _parse_event_cursor(self, after: object) -> list[str]:
+        if after is None:
+            return [""] * self.keys.shards
+        if not isinstance(after, str):
+            raise InvalidInput("after", "must be None or an event id as returned by events()")
+        parts = after.split(",")
+        if len(parts) != self.keys.shards:
+            raise InvalidInput("after", "must be None or an event id as returned by events()")
+        return [stream_id(p, "after") if p else "" for p in parts]
+
+
+def _metadata(row: MetaRow) -> SessionMetadata:
+    uuid, channel = row.member.split(":")
+    return SessionMetadata(
+        session_id=row.session_id,
+        avatar_uuid=uuid,
+        channel=Channel(channel),
+        created_at_ms=row.created_ms,
+        last_active_at_ms=row.active_ms,
+        turn_count=row.turns,
+        byte_count=row.bytes,
+    )
+
+
+_EVENT_FIELDS = ("reason", "at", "sid", "uuid", "ch")
+
+
+def _event(event_id: str, fields: dict[str, str]) -> Event:
+    detail: dict[str, int | str] = {
+        k: int(v) if v.lstrip("-").isdigit() else v
+        for k, v in fields.items()
+        if k not in _EVENT_FIELDS
+    }
+    channel = fields.get("ch") or None
+    return Event(
+        id=event_id,
+        reason=ReasonCode(fields["reason"]),
+        at_ms=int(fields["at"]),
+        session_id=fields.get("sid", ""),
+        avatar_uuid=fields.get("uuid", ""),
+        channel=Channel(channel) if channel else None,
+        detail=detail,
+    )

@@ -1,0 +1,212 @@
+"""The vocabulary of the store: channels, record kinds, what callers get back, events.
+
+Record kinds are the only things a caller can store. There is deliberately no
+kind for system messages, hidden reasoning, scratchpads, credentials or binary
+assets: a payload claiming one is rejected. Every model forbids unknown fields.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from worker.errors import InvalidRecord
+
+
+class Channel(StrEnum):
+    """Where a resident talks to the agent. Group and conference chat are not representable."""
+
+    PUBLIC = "public"
+    IM = "im"
+
+
+# Inactivity TTLs, exact (DESIGN section 4). lua/lib.lua holds the same numbers;
+# a test keeps the two in step.
+CHANNEL_TTL_MS: dict[Channel, int] = {
+    Channel.PUBLIC: 1_800_000,
+    Channel.IM: 86_400_000,
+}
+
+
+class ReasonCode(StrEnum):
+    """Why an event happened. A code, once published, never changes meaning."""
+
+    EXPIRED_INACTIVITY = "expired_inactivity"
+    EXPIRED_OPERATOR = "expired_operator"
+    DELETED_OPERATOR = "deleted_operator"
+    COMPACTED = "compacted"
+    SUMMARY_TRIMMED = "summary_trimmed"
+    EVICTED_SESSION_LIMIT = "evicted_session_limit"
+    EVICTED_AGGREGATE_BYTES = "evicted_aggregate_bytes"
+    SNAPSHOT_QUARANTINED = "snapshot_quarantined"
+    SNAPSHOT_RESTORED = "snapshot_restored"
+    PERMISSIONS_NOT_VERIFIED = "permissions_not_verified"
+
+
+def describe_validation_error(exc: ValidationError) -> tuple[str, str]:
+    """(field, problem) of the first error, without echoing the input (it may be a secret)."""
+    first = exc.errors(include_input=False, include_url=False)[0]
+    field = ".".join(str(part) for part in first["loc"]) or "record"
+    return field, first["msg"]
+
+
+class _Record(BaseModel):
+    """Base of the storable kinds: strict, frozen, no extra fields, errors as InvalidRecord."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            field, problem = describe_validation_error(exc)
+            # `from None`: pydantic's own message would repeat the input.
+            raise InvalidRecord(field, problem) from None
+
+
+NonEmptyText = Annotated[str, Field(min_length=1)]
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+
+
+class AvatarMessage(_Record):
+    """What a resident said. Untrusted: it is data, never an instruction."""
+
+    kind: Literal["avatar_message"] = "avatar_message"
+    text: NonEmptyText
+
+
+class AgentReply(_Record):
+    """What the agent visibly said back."""
+
+    kind: Literal["agent_reply"] = "agent_reply"
+    text: NonEmptyText
+
+
+class ToolSummary(_Record):
+    """A bounded summary of a tool's output. Untrusted: tools return whatever they found."""
+
+    kind: Literal["tool_summary"] = "tool_summary"
+    tool: Name
+    summary: NonEmptyText
+
+
+class ActionResult(_Record):
+    """The outcome of an action the agent took in-world."""
+
+    kind: Literal["action_result"] = "action_result"
+    action: Name
+    status: Literal["ok", "failed", "denied"]
+    detail: str = ""
+
+
+Record = AvatarMessage | AgentReply | ToolSummary | ActionResult
+RecordKind = Literal["avatar_message", "agent_reply", "tool_summary", "action_result"]
+RECORD_TYPES: tuple[type[_Record], ...] = (AvatarMessage, AgentReply, ToolSummary, ActionResult)
+
+# Who said it, and whether the words may be believed as instructions.
+KIND_ROLE: dict[str, str] = {
+    "avatar_message": "avatar",
+    "agent_reply": "agent",
+    "tool_summary": "tool",
+    "action_result": "agent",
+}
+KIND_UNTRUSTED: dict[str, bool] = {
+    "avatar_message": True,
+    "agent_reply": False,
+    "tool_summary": True,
+    "action_result": False,
+}
+
+_RECORD_ADAPTER: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="kind")])
+
+
+def parse_record(payload: object) -> Record:
+    """Validate a record given as a model instance or a mapping with a "kind" key."""
+    if isinstance(payload, RECORD_TYPES):
+        # Re-validate: model_construct() or object mutation could bypass the model's checks.
+        data = payload.model_dump()
+    elif isinstance(payload, dict):
+        data = payload
+    else:
+        raise InvalidRecord(
+            "record", f"expected a record model or a mapping, got {type(payload).__name__}"
+        )
+    try:
+        return _RECORD_ADAPTER.validate_python(data, strict=True)
+    except ValidationError as exc:
+        field, problem = describe_validation_error(exc)
+        raise InvalidRecord(field, problem) from None
+
+
+class _Out(BaseModel):
+    """Base of what the store returns: immutable, no surprise fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Receipt(_Out):
+    """What `record()` did. A repeated idempotency key returns the first receipt."""
+
+    session_id: str
+    seq: int
+    new_session: bool
+    redactions: int
+    truncated: bool
+
+
+class SessionMetadata(_Out):
+    """One session, without content. Times are wall-clock milliseconds."""
+
+    session_id: str
+    avatar_uuid: str
+    channel: Channel
+    created_at_ms: int
+    last_active_at_ms: int
+    turn_count: int
+    byte_count: int
+
+
+class MetadataPage(_Out):
+    items: list[SessionMetadata]
+    next_cursor: str | None = None
+
+
+class ContextMessage(_Out):
+    """One LLM-facing message. Never `system`: the caller adds its own system prompt."""
+
+    role: Literal["user", "assistant"]
+    content: str
+
+    def to_openai(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+class TurnView(_Out):
+    """One stored record as the operator's transcript reader shows it."""
+
+    seq: int
+    at_ms: int
+    kind: RecordKind
+    role: str
+    text: str
+    untrusted: bool
+
+
+class TurnPage(_Out):
+    turns: list[TurnView]
+    has_more: bool
+    next_anchor: int | None = None
+
+
+class Event(_Out):
+    """Something the store did on its own or for an operator. Counts and codes, never content."""
+
+    id: str
+    reason: ReasonCode
+    at_ms: int
+    session_id: str
+    avatar_uuid: str
+    channel: Channel | None = None
+    detail: dict[str, int | str] = Field(default_factory=dict)

@@ -1,0 +1,284 @@
+"""The Lua scripts: loaded once, one typed method per script.
+
+Each method validates nothing (the store did that) and talks to no server: it
+returns a `ScriptCall` naming the script, its KEYS and ARGV, and how to read the
+reply. `ConversationStore` and `AsyncConversationStore` run the same calls, so
+the sync and async doors can never drift apart. Scripts run through redis-py's
+`Script` objects: EVALSHA, and on NOSCRIPT a SCRIPT LOAD and retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from worker.keys import SessionKeys, ShardKeys
+
+T = TypeVar("T")
+Arg = str | int | bytes
+
+SCRIPT_NAMES: tuple[str, ...] = (
+    "record_turn",
+    "read_context",
+    "read_page",
+    "list_metadata",
+    "sweep_idle",
+    "delete_session",
+    "read_events",
+)
+
+_KEYS_LINE = re.compile(r"^-- KEYS\[(\d+)\]", re.MULTILINE)
+
+
+def lua_dir() -> Path:
+    """Where the .lua files are: inside the installed package, else the source tree."""
+    packaged = Path(str(resources.files("worker"))) / "lua"
+    if (packaged / "lib.lua").is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "lua"
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    """One script with lib.lua prepended: what the server actually runs."""
+
+    name: str
+    source: str
+    key_count: int  # from the contract header; the wrappers must pass exactly this many
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+
+
+def load_scripts(directory: Path | None = None) -> dict[str, LuaScript]:
+    """Read lib.lua and every script once."""
+    directory = directory or lua_dir()
+    lib = (directory / "lib.lua").read_text(encoding="utf-8")
+    scripts = {}
+    for name in SCRIPT_NAMES:
+        body = (directory / f"{name}.lua").read_text(encoding="utf-8")
+        declared = [int(n) for n in _KEYS_LINE.findall(body)]
+        scripts[name] = LuaScript(name, f"{lib}\n{body}", max(declared, default=0))
+    return scripts
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall(Generic[T]):
+    """One script invocation, ready for any client to run."""
+
+    script: LuaScript
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+    parse: Callable[[Any], T]
+    # Safe to resend after a connection fault (it cannot apply twice).
+    idempotent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReading:
+    mono: int
+    wall: int
+    boot: str
+
+    def args(self) -> tuple[Arg, ...]:
+        return (self.mono, self.wall, self.boot)
+
+
+def text(value: Any) -> str:
+    """A reply element as str, whether the client decodes responses or not."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordReply:
+    session_id: str
+    seq: int
+    new_session: bool
+    duplicate: bool
+    redactions: int
+    truncated: bool
+
+
+def _parse_record(raw: Sequence[Any]) -> RecordReply:
+    sid, seq, new, dup, red, trunc = raw
+    return RecordReply(text(sid), int(seq), bool(new), bool(dup), int(red), bool(trunc))
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReply:
+    session_id: str  # '' when there is no live session
+    summary: str
+    entries: list[str]
+
+
+def _parse_context(raw: Sequence[Any]) -> ContextReply:
+    return ContextReply(text(raw[0]), text(raw[1]), [text(e) for e in raw[2:]])
+
+
+@dataclass(frozen=True, slots=True)
+class PageReply:
+    has_more: bool
+    entries: list[str]
+
+
+def _parse_page(raw: Sequence[Any]) -> PageReply:
+    return PageReply(bool(raw[0]), [text(e) for e in raw[1:]])
+
+
+@dataclass(frozen=True, slots=True)
+class MetaRow:
+    member: str
+    session_id: str
+    created_ms: int
+    active_ms: int
+    turns: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataReply:
+    next_after: str  # '' at the end of this shard
+    rows: list[MetaRow]
+
+
+def _parse_metadata(raw: Sequence[Any]) -> MetadataReply:
+    rows = [
+        MetaRow(text(m), text(s), int(c), int(a), int(t), int(b)) for m, s, c, a, t, b in raw[1:]
+    ]
+    return MetadataReply(text(raw[0]), rows)
+
+
+def _parse_events(raw: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
+    out = []
+    for row in raw:
+        values = [text(v) for v in row]
+        out.append((values[0], dict(zip(values[1::2], values[2::2], strict=True))))
+    return out
+
+
+class Scripts:
+    """One typed method per Lua script. Holds the sources; never a connection."""
+
+    def __init__(self, scripts: dict[str, LuaScript] | None = None) -> None:
+        self.by_name = scripts or load_scripts()
+
+    def _call(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        parse: Callable[[Any], T],
+        *,
+        idempotent: bool = True,
+    ) -> ScriptCall[T]:
+        return ScriptCall(self.by_name[name], tuple(keys), tuple(args), parse, idempotent)
+
+    def record_turn(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        lru: str,
+        clock: ClockReading,
+        *,
+        candidate_session_id: str,
+        payload: str,
+        idempotency_key: str,
+        redactions: int,
+        truncated: bool,
+        max_events: int,
+    ) -> ScriptCall[RecordReply]:
+        return self._call(
+            "record_turn",
+            (*session.all(), lru, shard.sessions, shard.seq, shard.clock, shard.events),
+            (
+                *clock.args(),
+                session.member,
+                candidate_session_id,
+                payload,
+                idempotency_key,
+                redactions,
+                int(truncated),
+                max_events,
+            ),
+            _parse_record,
+            # Without an idempotency key a resend could store the turn twice.
+            idempotent=bool(idempotency_key),
+        )
+
+    def read_context(
+        self, session: SessionKeys, shard: ShardKeys, lru: str, clock: ClockReading
+    ) -> ScriptCall[ContextReply]:
+        return self._call(
+            "read_context",
+            (session.meta, session.turns, session.summary, lru, shard.clock),
+            (*clock.args(), session.member),
+            _parse_context,
+        )
+
+    def read_page(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        lru: str,
+        clock: ClockReading,
+        *,
+        anchor: int | None,
+        direction: str,
+        limit: int,
+    ) -> ScriptCall[PageReply]:
+        return self._call(
+            "read_page",
+            (session.meta, session.turns, lru, shard.clock),
+            (*clock.args(), session.member, "" if anchor is None else anchor, direction, limit),
+            _parse_page,
+        )
+
+    def list_metadata(
+        self, shard: ShardKeys, clock: ClockReading, *, after: str, limit: int
+    ) -> ScriptCall[MetadataReply]:
+        return self._call(
+            "list_metadata",
+            (shard.sessions, shard.lru_public, shard.lru_im, shard.clock),
+            (*clock.args(), after, limit),
+            _parse_metadata,
+        )
+
+    def sweep_idle(
+        self, shard: ShardKeys, clock: ClockReading, *, batch: int, max_events: int
+    ) -> ScriptCall[int]:
+        return self._call(
+            "sweep_idle",
+            (shard.lru_public, shard.lru_im, shard.sessions, shard.clock, shard.events),
+            (*clock.args(), batch, max_events),
+            int,
+        )
+
+    def delete_session(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        lru: str,
+        *,
+        now_wall: int,
+        reason: str,
+        max_events: int,
+    ) -> ScriptCall[bool]:
+        return self._call(
+            "delete_session",
+            (*session.all(), lru, shard.sessions, shard.events),
+            (now_wall, session.member, reason, max_events),
+            bool,
+        )
+
+    def read_events(
+        self, shard: ShardKeys, *, after: str, count: int
+    ) -> ScriptCall[list[tuple[str, dict[str, str]]]]:
+        return self._call("read_events", (shard.events,), (after, count), _parse_events)

@@ -1,0 +1,183 @@
+"""ConversationStore: the only door to conversation data.
+
+Callers hand it records; it validates, bounds and encodes them (worker/codec.py),
+then runs one atomic Lua script per change. Reads come back the same way. The
+behaviour lives in worker/operations.py, shared with AsyncConversationStore;
+this class only drives it with a blocking redis-py client.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis
+import tenacity
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from worker.clock import Clock, SystemClock
+from worker.config import ConversationConfig, Settings
+from worker.embedded import EmbeddedValkey
+from worker.errors import script_error_from_reply
+from worker.operations import Op, Operations
+from worker.records import (
+    ContextMessage,
+    Event,
+    MetadataPage,
+    ReasonCode,
+    Receipt,
+    Record,
+    TurnPage,
+)
+from worker.scripts import ScriptCall
+
+T = TypeVar("T")
+
+# Connection faults of idempotent calls are retried with backoff; nothing else is.
+RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+def retry_policy() -> dict[str, Any]:
+    """tenacity arguments shared by the sync and async stores."""
+    return {
+        "retry": tenacity.retry_if_exception_type(RETRYABLE),
+        "stop": tenacity.stop_after_attempt(5) | tenacity.stop_after_delay(15),
+        "wait": tenacity.wait_exponential_jitter(initial=0.05, max=2.0),
+        "reraise": True,
+    }
+
+
+def translate(exc: redis.ResponseError) -> Exception:
+    """Our scripts' GM_* errors become their exception classes; anything else stays as is."""
+    return script_error_from_reply(str(exc)) or exc
+
+
+class ConversationStore:
+    """Bounded, isolated conversation memory over one Redis-compatible server.
+
+    Pass a redis-py client you built (its own retries should be off: gridmem
+    retries only what is safe to resend) or use `from_config`.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        config: ConversationConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        snapshot_dir: str | Path | None = None,
+    ) -> None:
+        self.redis = redis_client
+        self.config = config or ConversationConfig()
+        self.clock: Clock = clock or SystemClock()
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
+        self._ops = Operations(self.config, self.clock)
+        self._bound: dict[str, Any] = {}
+        self._embedded: EmbeddedValkey | None = None
+
+    @classmethod
+    def from_config(cls, settings: Settings, *, clock: Clock | None = None) -> ConversationStore:
+        """Connect as `settings` say; with no Redis URL, start a private Valkey."""
+        embedded = None
+        if settings.redis.url is None:
+            embedded = EmbeddedValkey(settings.storage_path / "valkey").start()
+            url = embedded.url
+        else:
+            url = settings.redis.url
+        client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        snapshot_dir = None
+        if settings.conversation.persistence_enabled:
+            snapshot_dir = settings.storage_path / "conversations"
+        store = cls(client, settings.conversation, clock=clock, snapshot_dir=snapshot_dir)
+        store._embedded = embedded
+        return store
+
+    # -- the API (DESIGN section 9) -------------------------------------------------
+
+    def record(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """Store one record in the (avatar, channel) session; a new session if it expired."""
+        return self._drive(self._ops.record(avatar_uuid, channel, record, idempotency_key))
+
+    def context(self, avatar_uuid: str, channel: str) -> list[ContextMessage]:
+        """The LLM-facing view of one session: user/assistant messages only. Not activity."""
+        return self._drive(self._ops.context(avatar_uuid, channel))
+
+    def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
+        """One page of session metadata (never content); next_cursor is None at the end."""
+        return self._drive(self._ops.list_metadata(cursor, limit))
+
+    def read_page(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        anchor: int | None = None,
+        direction: str = "backward",
+        limit: int = 50,
+    ) -> TurnPage:
+        """One chronological transcript page for operators; never used for LLM context."""
+        return self._drive(self._ops.read_page(avatar_uuid, channel, anchor, direction, limit))
+
+    def delete(self, avatar_uuid: str, channel: str) -> bool:
+        """Operator deletion: remove the session whole. True if there was one."""
+        return self._drive(self._ops.end_session(avatar_uuid, channel, ReasonCode.DELETED_OPERATOR))
+
+    def expire(self, avatar_uuid: str, channel: str) -> bool:
+        """Operator expiry: end the session now; the next turn starts a new one."""
+        return self._drive(self._ops.end_session(avatar_uuid, channel, ReasonCode.EXPIRED_OPERATOR))
+
+    def sweep(self, limit: int = 1000) -> int:
+        """Expire up to `limit` idle sessions, in bounded batches. Returns how many."""
+        return self._drive(self._ops.sweep(limit))
+
+    def events(self, after: str | None = None, count: int = 100) -> list[Event]:
+        """Events oldest first; pass the last Event.id seen as `after` to follow the stream."""
+        return self._drive(self._ops.events(after, count))
+
+    def close(self) -> None:
+        self.redis.close()
+        if self._embedded is not None:
+            self._embedded.stop()
+            self._embedded = None
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- driving the shared operations ----------------------------------------------
+
+    def _drive(self, op: Op[T]) -> T:
+        try:
+            call = next(op)  # validation runs here, before any command
+            while True:
+                call = op.send(self._run(call))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    def _run(self, call: ScriptCall[Any]) -> Any:
+        script = self._bound.get(call.script.name)
+        if script is None:
+            script = self._bound[call.script.name] = self.redis.register_script(call.script.source)
+        try:
+            if call.idempotent:
+                raw = tenacity.Retrying(**retry_policy())(script, keys=call.keys, args=call.args)
+            else:
+                raw = script(keys=call.keys, args=call.args)
+        except redis.ResponseError as exc:
+            raise translate(exc) from None
+        return call.parse(raw)
