@@ -10,7 +10,11 @@
 local TTL_MS = { public = 1800000, im = 86400000 }
 -- Parts of a session, in the order of worker/keys.py SESSION_PARTS.
 local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
-local MEMBER_PATTERN = '^(%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x):(%l+)$'
+local H = '[0-9a-f]'
+local MEMBER_PATTERN = '^(' .. string.rep(H, 8) .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 4)
+  .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 12) .. '):(%l+)$'
+-- A session ID: 128 bits as 32 lowercase hex digits.
+local SESSION_ID_PATTERN = '^' .. string.rep(H, 32) .. '$'
 
 local bad_field = nil
 

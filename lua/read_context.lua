@@ -9,8 +9,8 @@
 -- ARGV[2] = now_wall (integer ms)
 -- ARGV[3] = boot_id
 -- ARGV[4] = member '<uuid>:<channel>'
--- Returns: {session_id, summary, record, record, ...} oldest record first;
---          {'', ''} when there is no live session
+-- Returns: {session_id, summary, {record, record, ...}} records oldest first;
+--          {'', '', {}} when there is no live session
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
@@ -19,12 +19,8 @@ local err = arg_error()
 if err then return err end
 
 local sid = redis.call('HGET', KEYS[1], 'sid')
-if not sid then return {'', ''} end
+if not sid then return {'', '', {}} end
 local now = store_now(KEYS[5], boot, mono, wall, false)
-if is_expired(KEYS[4], member, channel, now) then return {'', ''} end
+if is_expired(KEYS[4], member, channel, now) then return {'', '', {}} end
 
-local reply = {sid, redis.call('GET', KEYS[3]) or ''}
-for _, entry in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  reply[#reply + 1] = entry
-end
-return reply
+return {sid, redis.call('GET', KEYS[3]) or '', redis.call('ZRANGE', KEYS[2], 0, -1)}

@@ -28,7 +28,7 @@
 
 local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
 local member, _, channel = arg_member('member', ARGV[4])
-local candidate = arg_str('session_id', ARGV[5], '^' .. string.rep('%x', 32) .. '$')
+local candidate = arg_str('session_id', ARGV[5], SESSION_ID_PATTERN)
 local payload = arg_str('payload', ARGV[6], '^%[')
 local idem = arg_str('idempotency_key', ARGV[7], '^[%w%-_.:]*$')
 local redactions = arg_int('redactions', ARGV[8], 0)

@@ -28,7 +28,7 @@ from worker.records import (
     TurnPage,
     TurnView,
 )
-from worker.store import ConversationStore
+from worker.store import ConversationStore, connect
 
 __version__ = "0.1.0"
 
@@ -63,4 +63,5 @@ __all__ = [
     "TurnPage",
     "TurnView",
     "__version__",
+    "connect",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from worker.config import Limits
 from worker.errors import CorruptRecord, InputTooLarge, InvalidRecord
@@ -95,9 +96,11 @@ def prepare(record: Record, limits: Limits) -> PreparedRecord:
     return PreparedRecord(payload, truncated)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    """One transcript entry as read back: kind plus its fields, in payload order."""
+class StoredEntry(NamedTuple):
+    """One transcript entry as read back: kind plus its fields, in payload order.
+
+    A NamedTuple, not a model: the read path builds one per record per call.
+    """
 
     seq: int
     at_ms: int
@@ -106,13 +109,35 @@ class StoredEntry:
     fields: tuple[str, ...]
 
 
-def decode_entry(entry: str) -> StoredEntry:
-    """Parse one transcript entry; anything malformed is CorruptRecord, never model input."""
+def decode_entries(entries: list[str], session_id: str | None = None) -> list[StoredEntry]:
+    """Parse transcript entries; anything malformed is CorruptRecord, never model input.
+
+    With `session_id`, every entry must carry it: isolation is enforced by keys,
+    this catches a store damaged from outside.
+
+    The payloads are parsed in one json.loads call (a JSON array of them): the
+    read path's cost is dominated by per-entry parsing, and Python wrote every
+    payload as exactly one JSON array, so a count mismatch reveals tampering.
+    """
+    if not entries:
+        return []
     try:
-        seq, at_ms, session_id, payload = entry.split("|", 3)
-        code, *fields = json.loads(payload)
-        if _FIELD_COUNT[code] != len(fields) or not all(isinstance(f, str) for f in fields):
-            raise ValueError("wrong fields")
-        return StoredEntry(int(seq), int(at_ms), session_id, CODE_KIND[code], tuple(fields))
-    except (ValueError, KeyError, TypeError):
+        heads = [entry.split("|", 3) for entry in entries]
+        payloads = json.loads("[" + ",".join(head[3] for head in heads) + "]")
+        if len(payloads) != len(heads):
+            raise ValueError("payload count")
+        if session_id is not None and any(head[2] != session_id for head in heads):
+            raise ValueError("entry of another session")
+        return [_entry(head, payload) for head, payload in zip(heads, payloads, strict=True)]
+    except (ValueError, KeyError, TypeError, IndexError):
         raise CorruptRecord("a stored transcript entry cannot be decoded") from None
+
+
+def _entry(head: list[str], payload: object) -> StoredEntry:
+    if type(payload) is not list or len(payload) != _FIELD_COUNT[payload[0]] + 1:
+        raise ValueError("wrong fields")
+    fields = tuple(payload[1:])
+    for value in fields:
+        if type(value) is not str:
+            raise TypeError("field is not text")
+    return StoredEntry(int(head[0]), int(head[1]), head[2], CODE_KIND[payload[0]], fields)

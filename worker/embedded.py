@@ -12,8 +12,11 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from worker.errors import GridmemError
 
@@ -41,20 +44,30 @@ class EmbeddedValkey:
     """Start, reach and stop one private server. Usable as a context manager."""
 
     def __init__(
-        self, directory: Path, *, port: int = 0, extra_config: dict[str, str] | None = None
-    ):
+        self,
+        directory: Path,
+        *,
+        port: int = 0,
+        extra_config: dict[str, str] | None = None,
+        binary: str | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.socket_path = self.directory / "valkey.sock"
         self.port = port  # 0: Unix socket only
         self._extra = extra_config or {}
+        # Any redis-server compatible binary; the tests also run the system redis-server.
+        self._binary = binary
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
-    def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(unix_socket_path=str(self.socket_path), **kwargs)  # type: ignore[arg-type]
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A client over the socket, with redis-py's own retries off (see store.connect)."""
+        return redis.Redis(
+            unix_socket_path=str(self.socket_path), retry=Retry(NoBackoff(), 0), **kwargs
+        )
 
     def start(self, timeout: float = 10.0) -> EmbeddedValkey:
         if len(str(self.socket_path)) > 100:  # sun_path holds 104-108 bytes, by platform
@@ -67,7 +80,7 @@ class EmbeddedValkey:
         if self.socket_path.exists():
             self.socket_path.unlink()
         args = [
-            server_binary(),
+            self._binary or server_binary(),
             "--unixsocket",
             str(self.socket_path),
             "--unixsocketperm",

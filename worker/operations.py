@@ -14,10 +14,10 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from worker.clock import Clock
-from worker.codec import StoredEntry, decode_entry, prepare
+from worker.codec import decode_entries, prepare
 from worker.config import ConversationConfig
 from worker.context import project, turn_view
-from worker.errors import CorruptRecord, InvalidInput
+from worker.errors import InvalidInput
 from worker.keys import KeySpace
 from worker.records import (
     Channel,
@@ -55,14 +55,6 @@ SWEEP_BATCH = 200
 def new_session_id() -> str:
     """128 random bits, hex: unguessable and never reused in practice."""
     return secrets.token_hex(16)
-
-
-def _decode_session(entries: list[str], session_id: str) -> list[StoredEntry]:
-    decoded = [decode_entry(e) for e in entries]
-    if any(entry.session_id != session_id for entry in decoded):
-        # Isolation is enforced by keys; this only catches a store damaged from outside.
-        raise CorruptRecord("a transcript entry belongs to another session")
-    return decoded
 
 
 class Operations:
@@ -117,7 +109,7 @@ class Operations:
         reply = yield self.scripts.read_context(session, shard, shard.lru(ch), self._now())
         if not reply.session_id:
             return []
-        return project(reply.summary, _decode_session(reply.entries, reply.session_id))
+        return project(reply.summary, decode_entries(reply.entries, reply.session_id))
 
     def read_page(
         self,
@@ -134,7 +126,7 @@ class Operations:
         reply = yield self.scripts.read_page(
             session, shard, shard.lru(ch), self._now(), anchor=start, direction=way, limit=count
         )
-        turns = [turn_view(decode_entry(e)) for e in reply.entries]
+        turns = [turn_view(entry) for entry in decode_entries(reply.entries)]
         next_anchor = None
         if turns:
             next_anchor = turns[0].seq if way == "backward" else turns[-1].seq

@@ -120,7 +120,7 @@ class ContextReply:
 
 
 def _parse_context(raw: Sequence[Any]) -> ContextReply:
-    return ContextReply(text(raw[0]), text(raw[1]), [text(e) for e in raw[2:]])
+    return ContextReply(text(raw[0]), text(raw[1]), [text(e) for e in raw[2]])
 
 
 @dataclass(frozen=True, slots=True)

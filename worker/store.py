@@ -44,9 +44,19 @@ def retry_policy() -> dict[str, Any]:
     return {
         "retry": tenacity.retry_if_exception_type(RETRYABLE),
         "stop": tenacity.stop_after_attempt(5) | tenacity.stop_after_delay(15),
-        "wait": tenacity.wait_exponential_jitter(initial=0.05, max=2.0),
+        "wait": tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.05),
         "reraise": True,
     }
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis:
+    """A client as gridmem wants it: redis-py's own retries off.
+
+    redis-py retries every command on connection errors by default, which could
+    apply a turn recorded without an idempotency key twice. gridmem retries only
+    what is safe to resend (see ConversationStore._run).
+    """
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
 def translate(exc: redis.ResponseError) -> Exception:
@@ -57,8 +67,9 @@ def translate(exc: redis.ResponseError) -> Exception:
 class ConversationStore:
     """Bounded, isolated conversation memory over one Redis-compatible server.
 
-    Pass a redis-py client you built (its own retries should be off: gridmem
-    retries only what is safe to resend) or use `from_config`.
+    Pass a client from `connect(url)`, or one you built with redis-py's retries
+    off (`retry=Retry(NoBackoff(), 0)`): gridmem retries only what is safe to
+    resend. Or use `from_config`.
     """
 
     def __init__(
@@ -76,6 +87,7 @@ class ConversationStore:
         self._ops = Operations(self.config, self.clock)
         self._bound: dict[str, Any] = {}
         self._embedded: EmbeddedValkey | None = None
+        self._retrying = tenacity.Retrying(**retry_policy())
 
     @classmethod
     def from_config(cls, settings: Settings, *, clock: Clock | None = None) -> ConversationStore:
@@ -86,7 +98,7 @@ class ConversationStore:
             url = embedded.url
         else:
             url = settings.redis.url
-        client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        client = connect(url)
         snapshot_dir = None
         if settings.conversation.persistence_enabled:
             snapshot_dir = settings.storage_path / "conversations"
@@ -174,10 +186,12 @@ class ConversationStore:
         if script is None:
             script = self._bound[call.script.name] = self.redis.register_script(call.script.source)
         try:
-            if call.idempotent:
-                raw = tenacity.Retrying(**retry_policy())(script, keys=call.keys, args=call.args)
-            else:
+            try:
                 raw = script(keys=call.keys, args=call.args)
+            except RETRYABLE:
+                if not call.idempotent:
+                    raise
+                raw = self._retrying(script, keys=call.keys, args=call.args)
         except redis.ResponseError as exc:
             raise translate(exc) from None
         return call.parse(raw)

@@ -1,0 +1,91 @@
+"""Limits have hard ceilings; settings load from TOML with GRIDMEM_* overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from worker import ConfigError, ConversationConfig, Limits, Settings
+from worker.config import LIMIT_TABLE
+
+DESIGN_CEILINGS = {
+    "max_active_sessions": 1_000_000,
+    "max_turns_per_session": 5_000,
+    "max_session_bytes": 8 * 1024**2,
+    "max_aggregate_bytes": 16 * 1024**3,
+    "max_tool_results_per_session": 500,
+    "max_tool_result_bytes": 64 * 1024,
+    "max_text_bytes": 64 * 1024,
+    "max_summary_bytes": 256 * 1024,
+    "max_events": 1_000_000,
+    "max_snapshot_bytes": 64 * 1024**3,
+    "max_archive_segments": 1_000,
+    "max_archive_bytes": 64 * 1024**2,
+    "max_input_bytes": 1024**2,
+}
+
+
+def test_every_limit_exists_with_default_within_ceiling() -> None:
+    assert set(Limits.model_fields) == set(DESIGN_CEILINGS) == set(LIMIT_TABLE)
+    limits = Limits()
+    for name, ceiling in DESIGN_CEILINGS.items():
+        default, code_ceiling = LIMIT_TABLE[name]
+        assert code_ceiling >= ceiling  # callers rely on at least the documented ceilings
+        assert 1 <= getattr(limits, name) == default <= code_ceiling
+
+
+@pytest.mark.parametrize("name", sorted(DESIGN_CEILINGS))
+def test_above_ceiling_is_refused_naming_field_and_ceiling(name: str) -> None:
+    ceiling = LIMIT_TABLE[name][1]
+    Limits(**{name: ceiling})  # at the ceiling: fine
+    with pytest.raises(ValidationError, match=rf"{name}.*hard ceiling {ceiling}"):
+        Limits(**{name: ceiling + 1})
+    with pytest.raises(ValidationError):
+        Limits(**{name: 0})
+
+
+def test_conversation_defaults() -> None:
+    config = ConversationConfig()
+    assert (config.persistence_enabled, config.archive_enabled) == (False, False)
+    assert (config.namespace, config.shards) == ("gm", 1)
+    with pytest.raises(ValidationError):
+        ConversationConfig(namespace="Bad Space")
+
+
+def test_settings_from_toml_with_env_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gridmem.toml"
+    path.write_text(
+        'storage_path = "/srv/gridmem"\n'
+        '[redis]\nurl = "redis://localhost:6379/0"\n'
+        "[conversation]\npersistence_enabled = true\n"
+        "[conversation.limits]\nmax_turns_per_session = 50\nmax_events = 99\n"
+        "[worker]\nprocesses = 3\n"
+    )
+    monkeypatch.setenv("GRIDMEM_CONVERSATION__LIMITS__MAX_EVENTS", "77")
+    monkeypatch.setenv("GRIDMEM_REDIS__URL", "unix:///tmp/x.sock")
+    settings = Settings.load(path)
+    assert settings.storage_path == Path("/srv/gridmem")
+    assert settings.redis.url == "unix:///tmp/x.sock"
+    assert settings.conversation.persistence_enabled is True
+    assert settings.conversation.limits.max_turns_per_session == 50  # from the file
+    assert settings.conversation.limits.max_events == 77  # env wins
+    assert settings.worker.processes == 3
+
+
+def test_settings_errors_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[conversation.limits]\nmax_turns_per_session = 999999\n")
+    with pytest.raises(ConfigError, match=r"conversation\.limits\.max_turns_per_session.*5000"):
+        Settings.load(path)
+    path.write_text("[conversation]\npersistance_enabled = true\n")  # misspelt
+    with pytest.raises(ConfigError, match="persistance_enabled"):
+        Settings.load(path)
+    path.write_text("not [toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Settings.load(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.load(tmp_path / "missing.toml")

@@ -1,0 +1,334 @@
+"""Each Lua script tested directly: every return shape and every error code.
+
+Plus the meta-test: every script documents its contract, and the Python wrapper
+passes exactly the KEYS the header declares.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from tests.helpers import avatar
+from worker.errors import BadScriptArgument, CorruptState, ScriptError
+from worker.keys import KeySpace
+from worker.records import Channel
+from worker.scripts import SCRIPT_NAMES, ClockReading, Scripts, load_scripts, lua_dir
+from worker.store import translate
+
+SCRIPTS = load_scripts()
+KEYSPACE = KeySpace()
+A = avatar(1)
+SESSION, SHARD = KEYSPACE.session(A, Channel.PUBLIC)
+MEMBER = SESSION.member
+SID = "ab" * 16
+NOW = ("1000", "1767225600000", "boot-a")
+
+Run = Callable[..., Any]
+
+
+@pytest.fixture
+def run(redis: redis_py.Redis) -> Run:
+    def call(name: str, keys: list[str], args: list[Any]) -> Any:
+        assert len(keys) == SCRIPTS[name].key_count
+        try:
+            return redis.eval(SCRIPTS[name].source, len(keys), *keys, *args)
+        except redis_py.ResponseError as exc:
+            raise translate(exc) from None
+
+    return call
+
+
+def _s(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        return [_s(x) for x in v]
+    return v
+
+
+RECORD_KEYS = [
+    *SESSION.all(),
+    SHARD.lru_public,
+    SHARD.sessions,
+    SHARD.seq,
+    SHARD.clock,
+    SHARD.events,
+]
+
+
+def record_args(**over: Any) -> list[Any]:
+    args = {
+        "now_mono": NOW[0], "now_wall": NOW[1], "boot_id": NOW[2], "member": MEMBER,
+        "session_id": SID, "payload": '["a","hi"]', "idempotency_key": "", "redactions": 0,
+        "truncated": 0, "max_events": 100,
+    }  # fmt: skip
+    args.update(over)
+    return list(args.values())
+
+
+class TestRecordTurn:
+    def test_new_then_existing_then_duplicate(self, run: Run) -> None:
+        first = run("record_turn", RECORD_KEYS, record_args(idempotency_key="k1", redactions=2))
+        assert _s(first) == [SID, 1, 1, 0, 2, 0]
+        other = "cd" * 16
+        assert _s(run("record_turn", RECORD_KEYS, record_args(session_id=other))) == [
+            SID,
+            2,
+            0,
+            0,
+            0,
+            0,
+        ]
+        dup = run("record_turn", RECORD_KEYS, record_args(idempotency_key="k1", truncated=1))
+        assert _s(dup) == [SID, 1, 1, 1, 2, 0]
+
+    def test_expired_session_is_replaced(self, run: Run) -> None:
+        run("record_turn", RECORD_KEYS, record_args())
+        later = record_args(now_mono=str(1000 + 1_800_000), session_id="cd" * 16)
+        assert _s(run("record_turn", RECORD_KEYS, later)) == ["cd" * 16, 2, 1, 0, 0, 0]
+
+    def test_corrupt_idempotency_receipt(self, run: Run, redis: redis_py.Redis) -> None:
+        run("record_turn", RECORD_KEYS, record_args())
+        redis.hset(SESSION.idem, "k", "garbage")
+        with pytest.raises(CorruptState, match="GM_CORRUPT idem"):
+            run("record_turn", RECORD_KEYS, record_args(idempotency_key="k"))
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("now_mono", "x"), ("now_mono", "-1"), ("now_mono", "1.5"), ("now_wall", ""),
+            ("boot_id", "has space"), ("member", "nope"), ("member", f"{A}:group"),
+            ("member", f"{A.upper()}:public"), ("session_id", "short"), ("payload", "{}"),
+            ("idempotency_key", "bad key"), ("redactions", "-1"), ("truncated", "2"),
+            ("max_events", "0"),
+        ],
+    )  # fmt: skip
+    def test_bad_arguments_write_nothing(
+        self, run: Run, redis: redis_py.Redis, field: str, value: str
+    ) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("record_turn", RECORD_KEYS, record_args(**{field: value}))
+        assert redis.dbsize() == 0
+
+
+CONTEXT_KEYS = [SESSION.meta, SESSION.turns, SESSION.summary, SHARD.lru_public, SHARD.clock]
+
+
+class TestReadContext:
+    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
+        assert _s(run("read_context", CONTEXT_KEYS, [*NOW, MEMBER])) == ["", "", []]
+        run("record_turn", RECORD_KEYS, record_args())
+        run("record_turn", RECORD_KEYS, record_args(payload='["r","yo"]'))
+        reply = _s(run("read_context", CONTEXT_KEYS, [*NOW, MEMBER]))
+        assert reply[:2] == [SID, ""]
+        assert [e.split("|", 3)[3] for e in reply[2]] == ['["a","hi"]', '["r","yo"]']
+        redis.set(SESSION.summary, "folded")
+        assert _s(run("read_context", CONTEXT_KEYS, [*NOW, MEMBER]))[1] == "folded"
+        expired = [str(1000 + 1_800_000), NOW[1], NOW[2], MEMBER]
+        assert _s(run("read_context", CONTEXT_KEYS, expired)) == ["", "", []]
+
+    @pytest.mark.parametrize(
+        "args", [["x", NOW[1], NOW[2], MEMBER], [*NOW, "bad"], [NOW[0], NOW[1], "", MEMBER]]
+    )
+    def test_bad_arguments(self, run: Run, args: list[str]) -> None:
+        with pytest.raises(BadScriptArgument):
+            run("read_context", CONTEXT_KEYS, args)
+
+
+PAGE_KEYS = [SESSION.meta, SESSION.turns, SHARD.lru_public, SHARD.clock]
+
+
+class TestReadPage:
+    def test_shapes(self, run: Run) -> None:
+        assert _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "", "backward", 10])) == [0]
+        for _ in range(3):
+            run("record_turn", RECORD_KEYS, record_args())
+        back = _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "", "backward", 2]))
+        assert back[0] == 1 and [e.split("|")[0] for e in back[1:]] == ["2", "3"]
+        fwd = _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "1", "forward", 2]))
+        assert fwd[0] == 0 and [e.split("|")[0] for e in fwd[1:]] == ["2", "3"]
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [
+            ("anchor", [*NOW, MEMBER, "x", "backward", 5]),
+            ("direction", [*NOW, MEMBER, "", "up", 5]),
+            ("limit", [*NOW, MEMBER, "", "forward", 0]),
+            ("limit", [*NOW, MEMBER, "", "forward", 201]),
+            ("member", [*NOW, "x", "", "forward", 5]),
+        ],
+    )
+    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("read_page", PAGE_KEYS, args)
+
+
+LIST_KEYS = [SHARD.sessions, SHARD.lru_public, SHARD.lru_im, SHARD.clock]
+
+
+class TestListMetadata:
+    def test_shapes(self, run: Run) -> None:
+        assert _s(run("list_metadata", LIST_KEYS, [*NOW, "", 10])) == [""]
+        run("record_turn", RECORD_KEYS, record_args())
+        b_session, _ = KEYSPACE.session(avatar(2), Channel.PUBLIC)
+        run(
+            "record_turn",
+            [*b_session.all(), *RECORD_KEYS[5:]],
+            record_args(member=b_session.member),
+        )
+        first = _s(run("list_metadata", LIST_KEYS, [*NOW, "", 1]))
+        assert first[0] == MEMBER
+        assert first[1][:2] == [MEMBER, SID] and first[1][4] == "1"
+        rest = _s(run("list_metadata", LIST_KEYS, [*NOW, MEMBER, 1]))
+        assert rest[0] == "" and rest[1][0] == b_session.member
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [("after", [*NOW, "zzz", 5]), ("limit", [*NOW, "", 0]), ("limit", [*NOW, "", 1001])],
+    )
+    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("list_metadata", LIST_KEYS, args)
+
+
+SWEEP_KEYS = [SHARD.lru_public, SHARD.lru_im, SHARD.sessions, SHARD.clock, SHARD.events]
+
+
+class TestSweepIdle:
+    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
+        run("record_turn", RECORD_KEYS, record_args())
+        assert run("sweep_idle", SWEEP_KEYS, [*NOW, 10, 100]) == 0
+        later = [str(1000 + 1_800_000), NOW[1], NOW[2], 10, 100]
+        assert run("sweep_idle", SWEEP_KEYS, later) == 1
+        assert not any(":s:" in k.decode() for k in redis.keys("*"))
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [("batch", [*NOW, 0, 100]), ("batch", [*NOW, 1001, 100]), ("max_events", [*NOW, 5, 0])],
+    )
+    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("sweep_idle", SWEEP_KEYS, args)
+
+
+DELETE_KEYS = [*SESSION.all(), SHARD.lru_public, SHARD.sessions, SHARD.events]
+
+
+class TestDeleteSession:
+    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
+        run("record_turn", RECORD_KEYS, record_args())
+        assert run("delete_session", DELETE_KEYS, [NOW[1], MEMBER, "deleted_operator", 100]) == 1
+        assert run("delete_session", DELETE_KEYS, [NOW[1], MEMBER, "expired_operator", 100]) == 0
+        assert redis.xlen(SHARD.events) == 1
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [
+            ("reason", [NOW[1], MEMBER, "evicted_session_limit", 100]),
+            ("reason", [NOW[1], MEMBER, "nope_operator", 100]),
+            ("member", [NOW[1], "x", "deleted_operator", 100]),
+            ("now_wall", ["x", MEMBER, "deleted_operator", 100]),
+            ("max_events", [NOW[1], MEMBER, "deleted_operator", -1]),
+        ],
+    )
+    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("delete_session", DELETE_KEYS, args)
+
+
+class TestReadEvents:
+    def test_shapes(self, run: Run) -> None:
+        assert _s(run("read_events", [SHARD.events], ["", 10])) == []
+        run("record_turn", RECORD_KEYS, record_args())
+        run("delete_session", DELETE_KEYS, [NOW[1], MEMBER, "deleted_operator", 100])
+        [row] = _s(run("read_events", [SHARD.events], ["", 10]))
+        fields = dict(zip(row[1::2], row[2::2], strict=True))
+        assert fields == {
+            "reason": "deleted_operator", "at": NOW[1], "sid": SID, "uuid": A,
+            "ch": "public", "turns": "1", "bytes": fields["bytes"],
+        }  # fmt: skip
+        assert _s(run("read_events", [SHARD.events], [row[0], 10])) == []
+
+    @pytest.mark.parametrize(
+        ("field", "args"), [("after", ["abc", 5]), ("count", ["", 0]), ("count", ["", 10001])]
+    )
+    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("read_events", [SHARD.events], args)
+
+
+# -- meta-tests -------------------------------------------------------------------
+
+
+def _wrapper_calls() -> dict[str, Any]:
+    s = Scripts(SCRIPTS)
+    clock = ClockReading(0, 0, "b")
+    return {
+        "record_turn": s.record_turn(
+            SESSION, SHARD, SHARD.lru_public, clock, candidate_session_id=SID, payload="[]",
+            idempotency_key="", redactions=0, truncated=False, max_events=1,
+        ),
+        "read_context": s.read_context(SESSION, SHARD, SHARD.lru_public, clock),
+        "read_page": s.read_page(
+            SESSION, SHARD, SHARD.lru_public, clock, anchor=None, direction="forward", limit=1
+        ),
+        "list_metadata": s.list_metadata(SHARD, clock, after="", limit=1),
+        "sweep_idle": s.sweep_idle(SHARD, clock, batch=1, max_events=1),
+        "delete_session": s.delete_session(
+            SESSION, SHARD, SHARD.lru_public, now_wall=0, reason="deleted_operator", max_events=1
+        ),
+        "read_events": s.read_events(SHARD, after="", count=1),
+    }  # fmt: skip
+
+
+def test_every_lua_file_is_known_and_has_a_wrapper() -> None:
+    files = {p.stem for p in lua_dir().glob("*.lua")} - {"lib"}
+    assert files == set(SCRIPT_NAMES) == set(_wrapper_calls())
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_contract_header_and_key_count(name: str) -> None:
+    body = (lua_dir() / f"{name}.lua").read_text()
+    header = body.split("\n\n", 1)[0]
+    assert header.startswith(f"-- {name}: ")
+    assert all(line.startswith("--") for line in header.splitlines())
+    assert "-- Returns:" in header and "-- Errors:" in header
+    declared = [int(n) for n in re.findall(r"^-- KEYS\[(\d+)\]", header, re.MULTILINE)]
+    assert declared == list(range(1, len(declared) + 1)) and declared
+    used_keys = {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", body.split("\n\n", 1)[1])}
+    assert used_keys == set(declared)
+    documented_argv = {int(n) for n in re.findall(r"^-- ARGV\[(\d+)\]", header, re.MULTILINE)}
+    used_argv = {int(n) for n in re.findall(r"\bARGV\[(\d+)\]", body.split("\n\n", 1)[1])}
+    assert used_argv == documented_argv
+    call = _wrapper_calls()[name]
+    assert len(call.keys) == SCRIPTS[name].key_count == len(declared)
+    assert len(call.args) == len(documented_argv)
+
+
+def test_wrapper_keys_share_one_hash_tag() -> None:
+    for call in _wrapper_calls().values():
+        assert {re.search(r"\{\d+\}", k).group() for k in call.keys} == {"{0}"}  # type: ignore[union-attr]
+
+
+def test_lib_session_parts_match_python() -> None:
+    from worker.keys import SESSION_PARTS
+
+    lib = (lua_dir() / "lib.lua").read_text()
+    parts = re.search(r"SESSION_PARTS = \{([^}]*)\}", lib).group(1)  # type: ignore[union-attr]
+    assert tuple(re.findall(r"'(\w+)'", parts)) == SESSION_PARTS
+
+
+def test_script_errors_map_to_one_class_each() -> None:
+    from worker.errors import SCRIPT_ERRORS
+
+    assert len(set(SCRIPT_ERRORS.values())) == len(SCRIPT_ERRORS)
+    assert all(issubclass(cls, ScriptError) for cls in SCRIPT_ERRORS.values())
+    lua_codes = set()
+    for path in lua_dir().glob("*.lua"):
+        lua_codes |= set(re.findall(r"GM_[A-Z]+", path.read_text()))
+    assert lua_codes == set(SCRIPT_ERRORS)

@@ -1,0 +1,120 @@
+"""Store behaviour not covered elsewhere: truncation, error mapping, retries, from_config."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from tests.conftest import short_tempdir
+from tests.helpers import avatar
+from worker import (
+    AvatarMessage,
+    ConversationConfig,
+    ConversationStore,
+    CorruptRecord,
+    Limits,
+    ManualClock,
+    Settings,
+    ToolSummary,
+)
+from worker.codec import TRUNCATION_MARKER
+from worker.errors import BadScriptArgument
+from worker.scripts import ScriptCall
+
+A = avatar(1)
+
+
+def test_text_over_limit_is_stored_truncated(make_store: Any) -> None:
+    store: ConversationStore = make_store(
+        ConversationConfig(limits=Limits(max_text_bytes=50, max_tool_result_bytes=40))
+    )
+    receipt = store.record(A, "public", AvatarMessage(text="ü" * 100))
+    assert receipt.truncated
+    tool = store.record(A, "public", ToolSummary(tool="t", summary="x" * 41))
+    assert tool.truncated
+    short = store.record(A, "public", AvatarMessage(text="ü" * 25))  # exactly 50 bytes
+    assert not short.truncated
+    texts = [t.text for t in store.read_page(A, "public").turns]
+    assert texts[0].endswith(TRUNCATION_MARKER) and len(texts[0].encode()) <= 50
+    assert len(texts[1].encode()) <= 40 and texts[2] == "ü" * 25
+
+
+def test_script_error_is_mapped_and_not_retried(store: ConversationStore, redis: Any) -> None:
+    calls = []
+    original = redis.execute_command
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        calls.append(args[0])
+        return original(*args, **kw)
+
+    redis.execute_command = counting
+    bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
+    with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
+        store._run(bad)  # loads the script (NOSCRIPT -> SCRIPT LOAD -> EVALSHA)
+    calls.clear()
+    with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
+        store._run(bad)
+    assert calls == ["EVALSHA"]
+
+
+class FlakyClient(redis_py.Redis):
+    """Drops the connection on the first EVALSHA after `arm()`."""
+
+    armed = False
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.armed and args[0] == "EVALSHA":
+            self.armed = False
+            raise redis_py.ConnectionError("connection reset (test)")
+        return super().execute_command(*args, **options)
+
+
+@pytest.mark.real
+def test_idempotent_calls_retry_after_connection_fault(real_servers: Any) -> None:
+    server = real_servers["valkey"]
+    client = FlakyClient(unix_socket_path=str(server.socket_path))
+    client.flushall()
+    store = ConversationStore(client, clock=ManualClock())
+    store.record(A, "public", AvatarMessage(text="warm up"))
+    client.arm()
+    store.record(A, "public", AvatarMessage(text="with key"), idempotency_key="1-1")
+    client.arm()
+    assert len(store.context(A, "public")) == 2  # a read: retried
+    client.arm()
+    with pytest.raises(redis_py.ConnectionError):
+        store.record(A, "public", AvatarMessage(text="no key"))  # could apply twice: not retried
+    assert [t.text for t in store.read_page(A, "public").turns] == ["warm up", "with key"]
+
+
+def test_context_refuses_entries_of_another_session(store: ConversationStore, redis: Any) -> None:
+    store.record(A, "public", AvatarMessage(text="mine"))
+    redis.zadd("gm:{0}:s:" + A + ":public:turns", {"999|1|" + "f" * 32 + '|["a","planted"]': 999})
+    with pytest.raises(CorruptRecord):
+        store.context(A, "public")
+
+
+@pytest.mark.real
+def test_from_config_starts_a_private_server() -> None:
+    base = short_tempdir("gm-cfg-")
+    try:
+        settings = Settings(storage_path=base)
+        with ConversationStore.from_config(settings, clock=ManualClock()) as store:
+            store.record(A, "im", AvatarMessage(text="embedded"))
+            assert [m.content for m in store.context(A, "im")] == ["embedded"]
+            socket = base / "valkey" / "valkey.sock"
+            assert socket.exists()
+            assert (base / "valkey").stat().st_mode & 0o777 == 0o700
+            probe = redis_py.Redis(unix_socket_path=str(socket), decode_responses=True)
+            assert probe.config_get("save") == {"save": ""}
+            assert probe.config_get("appendonly") == {"appendonly": "no"}
+        # close() stopped the private server
+        with pytest.raises(redis_py.ConnectionError):
+            probe.ping()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
