@@ -16,25 +16,28 @@ def test_real_but_skipped():
 """
 
 
-def test_skipped_real_test_fails_under_ci(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def inner(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A project with our conftest and one real-server test that skips."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_inner=SKIPPING)
     pytester.makeini("[pytest]\nmarkers =\n    real: r\n    fake: f\n")
+    return pytester
+
+
+def test_skipped_real_test_fails_under_ci(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CI", "true")
-    pytester.runpytest_subprocess().assert_outcomes(failed=1)
+    inner.runpytest_subprocess().assert_outcomes(failed=1)
     monkeypatch.setenv("CI", "false")
-    pytester.runpytest_subprocess().assert_outcomes(skipped=1)
+    inner.runpytest_subprocess().assert_outcomes(skipped=1)
 
 
 def test_deselecting_real_tests_is_refused_under_ci(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_inner=SKIPPING)
-    pytester.makeini("[pytest]\nmarkers =\n    real: r\n    fake: f\n")
     monkeypatch.setenv("CI", "true")
-    result = pytester.runpytest_subprocess("-m", "not real")
+    result = inner.runpytest_subprocess("-m", "not real")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*real-server tests may not be deselected*"])
