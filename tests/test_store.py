@@ -20,8 +20,8 @@ from worker import (
     Settings,
     ToolSummary,
 )
-from worker.codec import TRUNCATION_MARKER
 from worker.errors import BadScriptArgument
+from worker.prepare import TRUNCATION_MARKER
 from worker.scripts import ScriptCall
 
 A = avatar(1)

@@ -1,4 +1,4 @@
-"""The stored form of a record, and the text bounds applied before it is stored.
+"""The stored form of a record: what Lua writes into a transcript, and how it is read back.
 
 A transcript entry (a sorted-set member) is
 
@@ -14,21 +14,10 @@ member unique. Python is the only writer of payloads and the only reader of entr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import NamedTuple
 
-from worker.config import Limits
-from worker.errors import CorruptRecord, InputTooLarge, InvalidRecord
-from worker.records import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    Record,
-    RecordKind,
-    ToolSummary,
-)
-
-TRUNCATION_MARKER = " [truncated]"
+from worker.errors import CorruptRecord
+from worker.records import RecordKind
 
 KIND_CODE: dict[RecordKind, str] = {
     "avatar_message": "a",
@@ -40,60 +29,9 @@ CODE_KIND: dict[str, RecordKind] = {code: kind for kind, code in KIND_CODE.items
 _FIELD_COUNT = {"a": 1, "r": 1, "t": 2, "x": 3}
 
 
-def bound_text(value: str, field: str, max_bytes: int, max_input_bytes: int) -> tuple[str, bool]:
-    """Refuse text over the input ceiling; cut text over `max_bytes` on a UTF-8 boundary.
-
-    Returns (text, truncated). A cut text ends with TRUNCATION_MARKER and, marker
-    included, fits in `max_bytes`.
-    """
-    if len(value) > max_input_bytes:  # cheap pre-check: never fewer bytes than characters
-        raise InputTooLarge(
-            field, f"over the input ceiling of {max_input_bytes} bytes; nothing stored"
-        )
-    try:
-        data = value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRecord(field, "is not valid Unicode text (lone surrogate)") from None
-    if len(data) > max_input_bytes:
-        raise InputTooLarge(
-            field, f"over the input ceiling of {max_input_bytes} bytes; nothing stored"
-        )
-    if len(data) <= max_bytes:
-        return value, False
-    marker = TRUNCATION_MARKER.encode("utf-8")
-    cut = max(0, max_bytes - len(marker))
-    while cut > 0 and (data[cut] & 0xC0) == 0x80:  # step back off a continuation byte
-        cut -= 1
-    return data[:cut].decode("utf-8") + TRUNCATION_MARKER, True
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedRecord:
-    payload: str
-    truncated: bool
-
-
-def prepare(record: Record, limits: Limits) -> PreparedRecord:
-    """Bound every text field of a validated record and encode its payload."""
-    text_limit = (limits.max_text_bytes, limits.max_input_bytes)
-    fields: list[str]
-    truncated = False
-    match record:
-        case AvatarMessage(text=t) | AgentReply(text=t):
-            bounded, truncated = bound_text(t, "text", *text_limit)
-            fields = [bounded]
-        case ToolSummary(tool=tool, summary=summary):
-            bounded, truncated = bound_text(
-                summary, "summary", limits.max_tool_result_bytes, limits.max_input_bytes
-            )
-            fields = [tool, bounded]
-        case ActionResult(action=action, status=status, detail=detail):
-            bounded, truncated = bound_text(detail, "detail", *text_limit)
-            fields = [action, status, bounded]
-    payload = json.dumps(
-        [KIND_CODE[record.kind], *fields], ensure_ascii=False, separators=(",", ":")
-    )
-    return PreparedRecord(payload, truncated)
+def encode_payload(kind: RecordKind, fields: list[str]) -> str:
+    """The payload Lua stores after its `<seq>|<wall>|<sid>|` prefix."""
+    return json.dumps([KIND_CODE[kind], *fields], ensure_ascii=False, separators=(",", ":"))
 
 
 class StoredEntry(NamedTuple):

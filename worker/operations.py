@@ -14,11 +14,12 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from worker.clock import Clock
-from worker.codec import decode_entries, prepare
+from worker.codec import decode_entries
 from worker.config import ConversationConfig
 from worker.context import project, turn_view
 from worker.errors import InvalidInput
 from worker.keys import KeySpace
+from worker.prepare import Preparer
 from worker.records import (
     Channel,
     ContextMessage,
@@ -30,6 +31,7 @@ from worker.records import (
     TurnPage,
     parse_record,
 )
+from worker.redaction import DEFAULT_REDACTOR, Redactor
 from worker.scripts import ClockReading, MetaRow, ScriptCall, Scripts
 from worker.validate import (
     EVENTS_COUNT_MAX,
@@ -66,12 +68,14 @@ class Operations:
         clock: Clock,
         scripts: Scripts | None = None,
         session_ids: Callable[[], str] = new_session_id,
+        redactor: Redactor = DEFAULT_REDACTOR,
     ) -> None:
         self.config = config
         self.clock = clock
         self.keys = KeySpace(config.namespace, config.shards)
         self.scripts = scripts or Scripts()
         self._session_ids = session_ids
+        self.prepare = Preparer(config.limits, redactor)
 
     def _now(self) -> ClockReading:
         return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
@@ -80,8 +84,8 @@ class Operations:
         self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
     ) -> Op[Receipt]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
-        idem = idempotency_key(idempotency_key_)
-        prepared = prepare(parse_record(record), self.config.limits)
+        idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
+        prepared = self.prepare.record(parse_record(record))
         session, shard = self.keys.session(uuid, ch)
         reply = yield self.scripts.record_turn(
             session,
@@ -91,7 +95,7 @@ class Operations:
             candidate_session_id=self._session_ids(),
             payload=prepared.payload,
             idempotency_key=idem,
-            redactions=0,
+            redactions=prepared.redactions,
             truncated=prepared.truncated,
             max_events=self.config.limits.max_events,
         )
