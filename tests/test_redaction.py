@@ -214,8 +214,24 @@ SECRETS: dict[str, st.SearchStrategy[Secret]] = {
     ),
     "pem": _pair(
         lambda kind, body: f"-----BEGIN {kind}PRIVATE KEY-----\n{body}\n-----END {kind}PRIVATE KEY-----",
-        st.sampled_from(["", "RSA ", "EC "]),
+        st.sampled_from(["", "RSA ", "EC ", "OPENSSH ", "ENCRYPTED "]),
         _token(ALNUM + "+/", 20, 60),
+    ),
+    "pgp": _pair(
+        lambda body: f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n{body}\n-----END PGP PRIVATE KEY BLOCK-----",
+        _token(ALNUM + "+/", 20, 60),
+    ),
+    "putty": _pair(
+        lambda body: f"PuTTY-User-Key-File-3: ssh-ed25519\nPrivate-Lines: 1\n{body}\nPrivate-MAC: 9f3a",
+        _token(ALNUM + "+/", 20, 60),
+    ),
+    "curl-H": _pair(
+        lambda h, v: f"curl -H '{h}: {v}' https://api.example.org",
+        st.sampled_from(["X-Api-Key", "api-key", "X-Auth-Token", "PRIVATE-TOKEN", "Authorization"]),
+        _token(ALNUM + "-_.", 10, 40),
+    ),
+    "slack-webhook": _pair(
+        lambda t: f"https://hooks.slack.com/services/T0/B0/{t}", _token(ALNUM, 10, 30)
     ),
 }  # fmt: skip
 ANY_SECRET = st.one_of(*SECRETS.values())
