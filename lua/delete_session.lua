@@ -1,18 +1,20 @@
 -- delete_session: remove one session whole on an operator's request.
 -- The same change serves "delete" (deleted_operator) and "expire" (expired_operator);
 -- only the published reason differs.
--- KEYS[1] = gm:{shard}:s:<uuid>:<ch>:meta     (hash)
--- KEYS[2] = gm:{shard}:s:<uuid>:<ch>:turns    (zset)
--- KEYS[3] = gm:{shard}:s:<uuid>:<ch>:idem     (hash)
--- KEYS[4] = gm:{shard}:s:<uuid>:<ch>:summary  (string)
--- KEYS[5] = gm:{shard}:s:<uuid>:<ch>:archive  (zset)
--- KEYS[6] = gm:{shard}:lru:<ch>               (zset)   last activity
--- KEYS[7] = gm:{shard}:sessions               (zset)   every session
--- KEYS[8] = gm:{shard}:events                 (stream) events
--- ARGV[1] = now_wall (integer ms), the event's time
--- ARGV[2] = member '<uuid>:<channel>'
--- ARGV[3] = reason: 'deleted_operator' or 'expired_operator'
--- ARGV[4] = max_events
+-- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)
+-- KEYS[2]  = gm:{shard}:s:<uuid>:<ch>:turns    (zset)
+-- KEYS[3]  = gm:{shard}:s:<uuid>:<ch>:idem     (hash)
+-- KEYS[4]  = gm:{shard}:s:<uuid>:<ch>:summary  (string)
+-- KEYS[5]  = gm:{shard}:s:<uuid>:<ch>:archive  (zset)
+-- KEYS[6]  = gm:{shard}:lru:public             (zset)   last activity, public sessions
+-- KEYS[7]  = gm:{shard}:lru:im                 (zset)   last activity, IM sessions
+-- KEYS[8]  = gm:{shard}:sessions               (zset)   every session
+-- KEYS[9]  = gm:{shard}:events                 (stream) events
+-- KEYS[10] = gm:{shard}:stats                  (hash)   bytes: the shard's stored bytes
+-- ARGV[1]  = now_wall (integer ms), the event's time
+-- ARGV[2]  = member '<uuid>:<channel>'
+-- ARGV[3]  = reason: 'deleted_operator' or 'expired_operator'
+-- ARGV[4]  = max_events
 -- Returns: 1 if a session was removed (one event), 0 if there was none (no event)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
@@ -24,5 +26,5 @@ local max_events = arg_int('max_events', ARGV[4], 1)
 local err = arg_error()
 if err then return err end
 
-return end_session({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, member, KEYS[6], KEYS[7],
-  KEYS[8], max_events, reason, wall)
+local shard = shard_context(KEYS[6], KEYS[7], KEYS[8], KEYS[10], KEYS[9], max_events, wall)
+return end_session(shard, { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }, member, reason)

@@ -10,11 +10,18 @@
 local TTL_MS = { public = 1800000, im = 86400000 }
 -- Parts of a session, in the order of worker/keys.py SESSION_PARTS.
 local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
+-- The limits packet of record_turn, in the order of worker/scripts.py LIMIT_FIELDS.
+local LIMIT_FIELDS = {
+  'max_turns', 'low_turns', 'max_session_bytes', 'low_session_bytes', 'max_tools', 'low_tools',
+  'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
+}
 local H = '[0-9a-f]'
 local MEMBER_PATTERN = '^(' .. string.rep(H, 8) .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 4)
   .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 12) .. '):(%l+)$'
 -- A session ID: 128 bits as 32 lowercase hex digits.
 local SESSION_ID_PATTERN = '^' .. string.rep(H, 32) .. '$'
+
+-- ---------------------------------------------------------------- arguments
 
 local bad_field = nil
 
@@ -45,6 +52,29 @@ local function arg_member(name, raw)
   return raw, uuid, channel
 end
 
+-- The limits packet: comma-separated integers >= 0, LIMIT_FIELDS in order.
+local function arg_limits(name, raw)
+  local limits, i = {}, 0
+  for part in string.gmatch(raw or '', '[^,]+') do
+    i = i + 1
+    if LIMIT_FIELDS[i] == nil then break end
+    limits[LIMIT_FIELDS[i]] = arg_int(name .. '.' .. LIMIT_FIELDS[i], part, 0)
+  end
+  if i ~= #LIMIT_FIELDS then
+    bad_field = bad_field or name
+    for _, field in ipairs(LIMIT_FIELDS) do limits[field] = limits[field] or 0 end
+  end
+  return limits
+end
+
+-- Common ARGV prefix of time-aware scripts: now_mono, now_wall, boot_id.
+local function arg_clock(a1, a2, a3)
+  local mono = arg_int('now_mono', a1, 0)
+  local wall = arg_int('now_wall', a2, 0)
+  local boot = arg_str('boot_id', a3, '^[%w%-_.]+$')
+  return mono, wall, boot
+end
+
 local function arg_error()
   if bad_field then
     return redis.error_reply('GM_BADARG ' .. bad_field)
@@ -52,9 +82,7 @@ local function arg_error()
   return nil
 end
 
-local function split_member(member)
-  return string.match(member, MEMBER_PATTERN)
-end
+-- ---------------------------------------------------------------- time
 
 -- The store's clock domain. Monotonic readings only compare within one boot, so
 -- the store keeps an offset per shard: store time = caller's monotonic ms + offset.
@@ -78,6 +106,21 @@ local function store_now(clock_key, boot, mono, wall, persist)
   return now
 end
 
+-- ---------------------------------------------------------------- sessions
+
+local function split_member(member)
+  return string.match(member, MEMBER_PATTERN)
+end
+
+-- Byte-wise a < b. Lua's `<` on strings follows the server's locale (strcoll).
+local function byte_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
 -- 'gm:{0}:lru:public' -> 'gm:{0}:' : the shard's prefix, hash tag included.
 local function shard_prefix(shard_key)
   return string.match(shard_key, '^(.*}:)')
@@ -93,45 +136,180 @@ local function session_keys(prefix, member)
   return keys
 end
 
+-- The shard context every session-ending script builds from its KEYS and ARGV:
+-- {lru = {public = key, im = key}, sessions, stats, events, max_events, wall}.
+local function shard_context(lru_public, lru_im, sessions, stats, events, max_events, wall)
+  return {
+    lru = { public = lru_public, im = lru_im }, sessions = sessions, stats = stats,
+    events = events, max_events = max_events, wall = wall, prefix = shard_prefix(sessions),
+  }
+end
+
 -- Publish an event: stable reason code plus counts, never content. Exact MAXLEN.
-local function emit(events_key, max_events, reason, wall, sid, member, ...)
+local function emit(shard, reason, sid, member, ...)
   local uuid, channel = split_member(member)
-  redis.call('XADD', events_key, 'MAXLEN', max_events, '*',
-    'reason', reason, 'at', wall, 'sid', sid, 'uuid', uuid, 'ch', channel, ...)
+  redis.call('XADD', shard.events, 'MAXLEN', shard.max_events, '*',
+    'reason', reason, 'at', shard.wall, 'sid', sid, 'uuid', uuid, 'ch', channel, ...)
 end
 
 -- Remove one session whole: its keys (part_keys, in SESSION_PARTS order), its
--- index entries, and publish `reason`. Returns 1 if it existed, else 0.
-local function end_session(part_keys, member, lru_key, sessions_key, events_key, max_events, reason, wall)
+-- index entries and its bytes from the shard total, and publish `reason`.
+-- Returns 1 if it existed, else 0.
+local function end_session(shard, part_keys, member, reason)
+  local _, channel = split_member(member)
   local meta = redis.call('HMGET', part_keys[1], 'sid', 'turns', 'bytes')
   redis.call('DEL', unpack(part_keys))
-  redis.call('ZREM', lru_key, member)
-  redis.call('ZREM', sessions_key, member)
+  redis.call('ZREM', shard.lru[channel], member)
+  redis.call('ZREM', shard.sessions, member)
   if not meta[1] then
     return 0
   end
-  emit(events_key, max_events, reason, wall, meta[1], member,
-    'turns', tonumber(meta[2]) or 0, 'bytes', tonumber(meta[3]) or 0)
+  local bytes = tonumber(meta[3]) or 0
+  redis.call('HINCRBY', shard.stats, 'bytes', -bytes)
+  emit(shard, reason, meta[1], member, 'turns', tonumber(meta[2]) or 0, 'bytes', bytes)
   return 1
-end
-
--- The index of `channel` among the two LRU keys given as (public, im).
-local function lru_for(channel, lru_public, lru_im)
-  if channel == 'public' then return lru_public end
-  return lru_im
 end
 
 -- Is the session `member` (last activity = its LRU score) expired at store time `now`?
 -- A session without an LRU entry is treated as expired: it cannot be kept alive.
+-- Also returns its last activity.
 local function is_expired(lru_key, member, channel, now)
   local last = tonumber(redis.call('ZSCORE', lru_key, member))
   return last == nil or now - last >= TTL_MS[channel], last
 end
 
--- Common ARGV prefix of time-aware scripts: now_mono, now_wall, boot_id.
-local function arg_clock(a1, a2, a3)
-  local mono = arg_int('now_mono', a1, 0)
-  local wall = arg_int('now_wall', a2, 0)
-  local boot = arg_str('boot_id', a3, '^[%w%-_.]+$')
-  return mono, wall, boot
+-- ---------------------------------------------------------------- compaction
+
+-- At most `n` bytes of s, never cutting a UTF-8 character; true if it cut.
+local function utf8_prefix(s, n)
+  if #s <= n then return s, false end
+  local cut = n
+  while cut > 0 do
+    local b = string.byte(s, cut + 1)
+    if b < 128 or b >= 192 then break end -- the next byte starts a character
+    cut = cut - 1
+  end
+  return string.sub(s, 1, cut), true
+end
+
+-- One bounded summary line for a stored record, with role and provenance.
+-- Residents' and tools' words stay marked untrusted. Newlines are flattened
+-- so no stored text can start a line of its own. Returns line, is_tool.
+local function summary_line(entry, line_bytes)
+  local payload = string.match(entry, '^%d+|%d+|%x+|(.*)$')
+  local ok, f = pcall(cjson.decode, payload or '')
+  local head, text, is_tool = nil, '', false
+  if ok and type(f) == 'table' then
+    if f[1] == 'a' then head, text = '- avatar (untrusted): ', f[2]
+    elseif f[1] == 'r' then head, text = '- agent: ', f[2]
+    elseif f[1] == 't' then head, text, is_tool = '- tool ' .. tostring(f[2]) .. ' (untrusted): ', f[3], true
+    elseif f[1] == 'x' then head, text = '- action ' .. tostring(f[2]) .. ' ' .. tostring(f[3]) .. ': ', f[4]
+    end
+  end
+  if head == nil or type(text) ~= 'string' then
+    return '- (unreadable record, untrusted)', false
+  end
+  text = string.gsub(text, '[\r\n]+', ' ')
+  local room = line_bytes - #head
+  local kept, cut = utf8_prefix(text, room)
+  if cut then kept = utf8_prefix(text, math.max(0, room - 6)) .. ' [...]' end
+  return utf8_prefix(head .. kept, line_bytes), is_tool
+end
+
+-- Drop the oldest of `lines` (joined by '\n', `size` bytes) until they fit
+-- `max_bytes`. Returns lines dropped and the new size.
+local function trim_lines(lines, size, max_bytes)
+  local dropped = 0
+  while size > max_bytes and #lines > 0 do
+    local first = table.remove(lines, 1)
+    size = size - #first
+    if #lines > 0 then size = size - 1 end -- its separator went with it
+    dropped = dropped + 1
+  end
+  return dropped, size
+end
+
+-- Fold a session's oldest records into its summary until it is back under its
+-- low-water marks, never the newest record. `s` is the session's state:
+-- {turns_key, turns, tools, turn_bytes, summary}; it is updated in place.
+-- Folding is deterministic: the same records give the same summary bytes.
+-- Returns records folded, summary lines dropped, seq of the last folded record.
+local function compact(s, limits)
+  local lines = {}
+  for line in string.gmatch(s.summary, '[^\n]+') do lines[#lines + 1] = line end
+  local size = #s.summary
+  local folded, trimmed, last_seq = 0, 0, 0
+  while s.turns > 1 and (s.turns > limits.low_turns or s.tools > limits.low_tools
+      or s.turn_bytes + size > limits.low_session_bytes) do
+    local oldest = redis.call('ZPOPMIN', s.turns_key)
+    local line, is_tool = summary_line(oldest[1], limits.summary_line_bytes)
+    if #lines > 0 then size = size + 1 end
+    lines[#lines + 1] = line
+    size = size + #line
+    s.turns, s.turn_bytes = s.turns - 1, s.turn_bytes - #oldest[1]
+    if is_tool then s.tools = s.tools - 1 end
+    folded, last_seq = folded + 1, tonumber(oldest[2])
+    local dropped
+    dropped, size = trim_lines(lines, size, limits.max_summary_bytes)
+    trimmed = trimmed + dropped
+  end
+  s.summary = table.concat(lines, '\n')
+  return folded, trimmed, last_seq
+end
+
+-- Forget idempotency receipts of records up to `last_seq` (they left the transcript).
+local function forget_receipts(idem_key, last_seq)
+  local all = redis.call('HGETALL', idem_key)
+  for i = 1, #all, 2 do
+    local seq = tonumber(string.match(all[i + 1], '^(%d+):'))
+    if seq == nil or seq <= last_seq then redis.call('HDEL', idem_key, all[i]) end
+  end
+end
+
+-- ---------------------------------------------------------------- eviction
+
+-- The least-recently-active session of the shard other than `keep`; equal
+-- activity breaks ties by UUID, then channel (the members' byte order).
+-- Returns member and last activity, or nil.
+local function lru_victim(shard, keep)
+  local best, best_score = nil, nil
+  for _, channel in ipairs({ 'public', 'im' }) do
+    local head = redis.call('ZRANGE', shard.lru[channel], 0, 1, 'WITHSCORES')
+    local m, score = head[1], head[2]
+    if m == keep then m, score = head[3], head[4] end
+    if m then
+      score = tonumber(score)
+      if best == nil or score < best_score or (score == best_score and byte_less(m, best)) then
+        best, best_score = m, score
+      end
+    end
+  end
+  return best, best_score
+end
+
+-- While the shard holds too many sessions or too many bytes, end its
+-- least-recently-active session (never `keep`), at most limits.max_evictions.
+-- A victim already idle past its TTL is reported as expired, not evicted.
+-- Returns the number of sessions ended.
+local function evict_over_bounds(shard, limits, keep, now)
+  local ended = 0
+  while ended < limits.max_evictions do
+    local sessions = redis.call('ZCARD', shard.lru.public) + redis.call('ZCARD', shard.lru.im)
+    local bytes = tonumber(redis.call('HGET', shard.stats, 'bytes')) or 0
+    local reason
+    if sessions > limits.max_sessions then
+      reason = 'evicted_session_limit'
+    elseif bytes > limits.max_aggregate_bytes then
+      reason = 'evicted_aggregate_bytes'
+    else
+      return ended
+    end
+    local victim, last = lru_victim(shard, keep)
+    if victim == nil then return ended end
+    local _, channel = split_member(victim)
+    if now - last >= TTL_MS[channel] then reason = 'expired_inactivity' end
+    end_session(shard, session_keys(shard.prefix, victim), victim, reason)
+    ended = ended + 1
+  end
+  return ended
 end

@@ -34,10 +34,11 @@ end
 
 local now = store_now(KEYS[4], boot, mono, wall, false)
 local prefix = shard_prefix(KEYS[1])
+local lru = { public = KEYS[2], im = KEYS[3] }
 local reply = {next_after}
 for _, m in ipairs(members) do
   local _, channel = split_member(m)
-  if channel and not is_expired(lru_for(channel, KEYS[2], KEYS[3]), m, channel, now) then
+  if channel and not is_expired(lru[channel], m, channel, now) then
     local meta = redis.call('HMGET', session_keys(prefix, m)[1], 'sid', 'created', 'active', 'turns', 'bytes')
     if meta[1] then
       reply[#reply + 1] = {m, meta[1], meta[2] or '0', meta[3] or '0', meta[4] or '0', meta[5] or '0'}

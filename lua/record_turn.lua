@@ -1,17 +1,23 @@
--- record_turn: append one redacted, bounded record to a session, atomically.
+-- record_turn: append one redacted, bounded record to a session, atomically, and keep every bound.
 -- Expires the session first if it has been idle for its channel's TTL (event
 -- expired_inactivity, a fresh session ID), and answers a repeated idempotency
--- key with the first receipt, storing nothing.
--- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)   sid, created, active, turns, bytes
+-- key with the first receipt, storing nothing. Over its turn, byte or
+-- tool-result bound, the session folds its oldest records into the factual
+-- summary (event compacted; summary_trimmed when old lines drop). Over the
+-- shard's session or byte bound, least-recently-active sessions other than this
+-- one are removed whole (evicted_session_limit / evicted_aggregate_bytes).
+-- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)   sid, created, active, turns, bytes, tools
 -- KEYS[2]  = gm:{shard}:s:<uuid>:<ch>:turns    (zset)   score = seq, member = record
 -- KEYS[3]  = gm:{shard}:s:<uuid>:<ch>:idem     (hash)   idempotency key -> receipt
 -- KEYS[4]  = gm:{shard}:s:<uuid>:<ch>:summary  (string) factual summary
 -- KEYS[5]  = gm:{shard}:s:<uuid>:<ch>:archive  (zset)   archived records
--- KEYS[6]  = gm:{shard}:lru:<ch>               (zset)   score = last activity (store ms)
--- KEYS[7]  = gm:{shard}:sessions               (zset)   every session, score 0
--- KEYS[8]  = gm:{shard}:seq                    (string) sequence counter
--- KEYS[9]  = gm:{shard}:clock                  (hash)   clock domain
--- KEYS[10] = gm:{shard}:events                 (stream) events
+-- KEYS[6]  = gm:{shard}:lru:public             (zset)   score = last activity (store ms)
+-- KEYS[7]  = gm:{shard}:lru:im                 (zset)   score = last activity (store ms)
+-- KEYS[8]  = gm:{shard}:sessions               (zset)   every session, score 0
+-- KEYS[9]  = gm:{shard}:seq                    (string) sequence counter
+-- KEYS[10] = gm:{shard}:clock                  (hash)   clock domain
+-- KEYS[11] = gm:{shard}:events                 (stream) events
+-- KEYS[12] = gm:{shard}:stats                  (hash)   bytes: the shard's stored bytes
 -- ARGV[1]  = now_mono (integer ms, caller's monotonic clock)
 -- ARGV[2]  = now_wall (integer ms since the epoch)
 -- ARGV[3]  = boot_id of the caller's monotonic clock
@@ -22,6 +28,7 @@
 -- ARGV[8]  = redactions (integer >= 0), kept for a repeated receipt
 -- ARGV[9]  = truncated (0|1), kept for a repeated receipt
 -- ARGV[10] = max_events (exact MAXLEN of the event stream)
+-- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (lib.lua)
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
 --          "GM_CORRUPT idem" when a stored receipt cannot be read
@@ -34,20 +41,23 @@ local idem = arg_str('idempotency_key', ARGV[7], '^[%w%-_.:]*$')
 local redactions = arg_int('redactions', ARGV[8], 0)
 local truncated = arg_int('truncated', ARGV[9], 0, 1)
 local max_events = arg_int('max_events', ARGV[10], 1)
+local limits = arg_limits('limits', ARGV[11])
 local err = arg_error()
 if err then return err end
 
-local now = store_now(KEYS[9], boot, mono, wall, true)
-local sid = redis.call('HGET', KEYS[1], 'sid')
+local shard = shard_context(KEYS[6], KEYS[7], KEYS[8], KEYS[12], KEYS[11], max_events, wall)
+local own = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }
+local now = store_now(KEYS[10], boot, mono, wall, true)
+
+local meta = redis.call('HMGET', KEYS[1], 'sid', 'turns', 'bytes', 'tools')
+local sid = meta[1]
 local last = nil
 if sid then
   local expired
-  expired, last = is_expired(KEYS[6], member, channel, now)
+  expired, last = is_expired(shard.lru[channel], member, channel, now)
   if expired then
-    end_session({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, member, KEYS[6], KEYS[7],
-      KEYS[10], max_events, 'expired_inactivity', wall)
-    sid = false
-    last = nil
+    end_session(shard, own, member, 'expired_inactivity')
+    sid, last = false, nil
   end
 end
 
@@ -56,29 +66,62 @@ if sid and idem ~= '' then
   if prior then
     local pseq, pnew, pred, ptrunc = string.match(prior, '^(%d+):([01]):(%d+):([01])$')
     if pseq == nil then return redis.error_reply('GM_CORRUPT idem') end
-    return {sid, tonumber(pseq), tonumber(pnew), 1, tonumber(pred), tonumber(ptrunc)}
+    return { sid, tonumber(pseq), tonumber(pnew), 1, tonumber(pred), tonumber(ptrunc) }
   end
 end
 
 local new_session = 0
-if not sid then
-  sid = candidate
-  new_session = 1
-  redis.call('HSET', KEYS[1], 'sid', sid, 'created', wall, 'turns', 0, 'bytes', 0)
-  redis.call('ZADD', KEYS[7], 0, member)
+local summary = ''
+if sid then
+  summary = redis.call('GET', KEYS[4]) or ''
+else
+  sid, new_session = candidate, 1
+  meta = { sid, '0', '0', '0' }
+  redis.call('HSET', KEYS[1], 'sid', sid, 'created', wall)
+  redis.call('ZADD', shard.sessions, 0, member)
 end
 
-local seq = redis.call('INCR', KEYS[8])
+-- append
+local seq = redis.call('INCR', KEYS[9])
 local entry = seq .. '|' .. wall .. '|' .. sid .. '|' .. payload
 redis.call('ZADD', KEYS[2], seq, entry)
-redis.call('HINCRBY', KEYS[1], 'turns', 1)
-redis.call('HINCRBY', KEYS[1], 'bytes', #entry)
-redis.call('HSET', KEYS[1], 'active', wall)
+local old_bytes = tonumber(meta[3]) or 0
+local s = {
+  turns_key = KEYS[2],
+  turns = (tonumber(meta[2]) or 0) + 1,
+  tools = (tonumber(meta[4]) or 0) + (string.sub(payload, 1, 4) == '["t"' and 1 or 0),
+  turn_bytes = old_bytes - #summary + #entry,
+  summary = summary,
+}
 -- Activity never moves backwards, even when a slower caller's clock reading lands late.
 if last == nil or now > last then
-  redis.call('ZADD', KEYS[6], now, member)
+  redis.call('ZADD', shard.lru[channel], now, member)
 end
 if idem ~= '' then
   redis.call('HSET', KEYS[3], idem, seq .. ':' .. new_session .. ':' .. redactions .. ':' .. truncated)
 end
-return {sid, seq, new_session, 0, redactions, truncated}
+
+-- compact
+if s.turns > limits.max_turns or s.tools > limits.max_tools
+    or s.turn_bytes + #s.summary > limits.max_session_bytes then
+  local folded, trimmed, last_seq = compact(s, limits)
+  if s.summary == '' then
+    redis.call('DEL', KEYS[4])
+  else
+    redis.call('SET', KEYS[4], s.summary)
+  end
+  forget_receipts(KEYS[3], last_seq)
+  local bytes = s.turn_bytes + #s.summary
+  emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns, 'bytes', bytes)
+  if trimmed > 0 then
+    emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', #s.summary)
+  end
+end
+
+local bytes = s.turn_bytes + #s.summary
+redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
+redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes)
+
+-- evict
+evict_over_bounds(shard, limits, member, now)
+return { sid, seq, new_session, 0, redactions, truncated }

@@ -5,6 +5,7 @@
 -- KEYS[3] = gm:{shard}:sessions    (zset)    every session
 -- KEYS[4] = gm:{shard}:clock       (hash)    clock domain
 -- KEYS[5] = gm:{shard}:events      (stream)  events
+-- KEYS[6] = gm:{shard}:stats       (hash)    bytes: the shard's stored bytes
 -- ARGV[1] = now_mono (integer ms)
 -- ARGV[2] = now_wall (integer ms)
 -- ARGV[3] = boot_id
@@ -20,15 +21,15 @@ local max_events = arg_int('max_events', ARGV[5], 1)
 local err = arg_error()
 if err then return err end
 
+local shard = shard_context(KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[5], max_events, wall)
 local now = store_now(KEYS[4], boot, mono, wall, true)
-local prefix = shard_prefix(KEYS[1])
 local expired = 0
-for _, pair in ipairs({{KEYS[1], TTL_MS.public}, {KEYS[2], TTL_MS.im}}) do
-  local lru, ttl = pair[1], pair[2]
+for _, channel in ipairs({ 'public', 'im' }) do
   if expired < batch then
-    local victims = redis.call('ZRANGEBYSCORE', lru, '-inf', now - ttl, 'LIMIT', 0, batch - expired)
+    local cutoff = now - TTL_MS[channel]
+    local victims = redis.call('ZRANGEBYSCORE', shard.lru[channel], '-inf', cutoff, 'LIMIT', 0, batch - expired)
     for _, m in ipairs(victims) do
-      end_session(session_keys(prefix, m), m, lru, KEYS[3], KEYS[5], max_events, 'expired_inactivity', wall)
+      end_session(shard, session_keys(shard.prefix, m), m, 'expired_inactivity')
       expired = expired + 1
     end
   end

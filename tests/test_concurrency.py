@@ -11,19 +11,21 @@ import redis as redis_py
 
 from tests.conftest import REAL_ENGINES
 from tests.helpers import avatar
-from worker import AvatarMessage, ConversationStore, TurnView
+from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits, TurnView
 from worker.embedded import EmbeddedValkey
 
 PROCESSES = 4
 TURNS = 150
 SHARED = avatar(0)
+# Room for every turn of the shared key, so none is folded into the summary.
+CONFIG = ConversationConfig(limits=Limits(max_turns_per_session=PROCESSES * TURNS))
 
 pytestmark = pytest.mark.real
 
 
 def _writer(socket_path: str, number: int, barrier: Any) -> None:
     # Each process builds its own client after it starts: no pool crosses a fork.
-    store = ConversationStore(redis_py.Redis(unix_socket_path=socket_path))
+    store = ConversationStore(redis_py.Redis(unix_socket_path=socket_path), CONFIG)
     own = avatar(number + 1)
     barrier.wait(timeout=30)
     for i in range(TURNS):
@@ -60,7 +62,7 @@ def test_four_processes_one_total_order(
         p.join(timeout=120)
         assert p.exitcode == 0
 
-    store = ConversationStore(server.client())
+    store = ConversationStore(server.client(), CONFIG)
     shared = _read_all(store, SHARED, "public")
     owns = [_read_all(store, avatar(n + 1), "im") for n in range(PROCESSES)]
     all_seqs = [t.seq for t in shared] + [t.seq for own in owns for t in own]

@@ -36,14 +36,32 @@ def test_every_limit_exists_with_default_within_ceiling() -> None:
         assert 1 <= getattr(limits, name) == default <= code_ceiling
 
 
+# Session and shard totals at their ceilings leave room for every other limit's ceiling.
+ROOMY = {"max_session_bytes": 8 * 1024**2, "max_aggregate_bytes": 16 * 1024**3}
+
+
 @pytest.mark.parametrize("name", sorted(DESIGN_CEILINGS))
 def test_above_ceiling_is_refused_naming_field_and_ceiling(name: str) -> None:
     ceiling = LIMIT_TABLE[name][1]
-    Limits(**{name: ceiling})  # at the ceiling: fine
+    Limits(**{**ROOMY, name: ceiling})  # at the ceiling: fine
     with pytest.raises(ValidationError, match=rf"{name}.*hard ceiling {ceiling}"):
-        Limits(**{name: ceiling + 1})
+        Limits(**{**ROOMY, name: ceiling + 1})
     with pytest.raises(ValidationError):
-        Limits(**{name: 0})
+        Limits(**{**ROOMY, name: 0})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"max_session_bytes": 8192}, "max_session_bytes = 8192 must be at least"),
+        ({"max_summary_bytes": 250_000}, "max_session_bytes"),
+        ({"max_aggregate_bytes": 1000}, "max_aggregate_bytes must be at least"),
+        ({"max_text_bytes": 9000, "max_input_bytes": 8000}, "max_text_bytes must not exceed"),
+    ],
+)
+def test_limits_that_cannot_hold_together_are_refused(values: dict[str, int], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Limits(**values)
 
 
 def test_conversation_defaults() -> None:

@@ -14,10 +14,18 @@ import pytest
 import redis as redis_py
 
 from tests.helpers import avatar
+from worker.config import Limits
 from worker.errors import BadScriptArgument, CorruptState, ScriptError
 from worker.keys import KeySpace
 from worker.records import Channel
-from worker.scripts import SCRIPT_NAMES, ClockReading, Scripts, load_scripts, lua_dir
+from worker.scripts import (
+    SCRIPT_NAMES,
+    ClockReading,
+    Scripts,
+    limits_packet,
+    load_scripts,
+    lua_dir,
+)
 from worker.store import translate
 
 SCRIPTS = load_scripts()
@@ -52,20 +60,17 @@ def _s(v: Any) -> Any:
 
 
 RECORD_KEYS = [
-    *SESSION.all(),
-    SHARD.lru_public,
-    SHARD.sessions,
-    SHARD.seq,
-    SHARD.clock,
-    SHARD.events,
-]
+    *SESSION.all(), SHARD.lru_public, SHARD.lru_im, SHARD.sessions, SHARD.seq, SHARD.clock,
+    SHARD.events, SHARD.stats,
+]  # fmt: skip
+LIMITS = limits_packet(Limits(), 1)
 
 
 def record_args(**over: Any) -> list[Any]:
     args = {
         "now_mono": NOW[0], "now_wall": NOW[1], "boot_id": NOW[2], "member": MEMBER,
         "session_id": SID, "payload": '["a","hi"]', "idempotency_key": "", "redactions": 0,
-        "truncated": 0, "max_events": 100,
+        "truncated": 0, "max_events": 100, "limits": LIMITS,
     }  # fmt: skip
     args.update(over)
     return list(args.values())
@@ -92,6 +97,21 @@ class TestRecordTurn:
         later = record_args(now_mono=str(1000 + 1_800_000), session_id="cd" * 16)
         assert _s(run("record_turn", RECORD_KEYS, later)) == ["cd" * 16, 2, 1, 0, 0, 0]
 
+    @pytest.mark.parametrize(
+        ("packet", "message"),
+        [
+            (LIMITS.replace(",", ",x", 1), "GM_BADARG limits.low_turns"),
+            (LIMITS.replace(",", ",-1", 1), "GM_BADARG limits.low_turns"),
+            ("", "GM_BADARG limits"),
+        ],
+    )
+    def test_bad_limits_packet(
+        self, run: Run, redis: redis_py.Redis, packet: str, message: str
+    ) -> None:
+        with pytest.raises(BadScriptArgument, match=message):
+            run("record_turn", RECORD_KEYS, record_args(limits=packet))
+        assert redis.dbsize() == 0
+
     def test_corrupt_idempotency_receipt(self, run: Run, redis: redis_py.Redis) -> None:
         run("record_turn", RECORD_KEYS, record_args())
         redis.hset(SESSION.idem, "k", "garbage")
@@ -105,7 +125,7 @@ class TestRecordTurn:
             ("boot_id", "has space"), ("member", "nope"), ("member", f"{A}:group"),
             ("member", f"{A.upper()}:public"), ("session_id", "short"), ("payload", "{}"),
             ("idempotency_key", "bad key"), ("redactions", "-1"), ("truncated", "2"),
-            ("max_events", "0"),
+            ("max_events", "0"), ("limits", "1,2,3"), ("limits", LIMITS + ",9"),
         ],
     )  # fmt: skip
     def test_bad_arguments_write_nothing(
@@ -196,7 +216,14 @@ class TestListMetadata:
             run("list_metadata", LIST_KEYS, args)
 
 
-SWEEP_KEYS = [SHARD.lru_public, SHARD.lru_im, SHARD.sessions, SHARD.clock, SHARD.events]
+SWEEP_KEYS = [
+    SHARD.lru_public,
+    SHARD.lru_im,
+    SHARD.sessions,
+    SHARD.clock,
+    SHARD.events,
+    SHARD.stats,
+]
 
 
 class TestSweepIdle:
@@ -216,7 +243,9 @@ class TestSweepIdle:
             run("sweep_idle", SWEEP_KEYS, args)
 
 
-DELETE_KEYS = [*SESSION.all(), SHARD.lru_public, SHARD.sessions, SHARD.events]
+DELETE_KEYS = [
+    *SESSION.all(), SHARD.lru_public, SHARD.lru_im, SHARD.sessions, SHARD.events, SHARD.stats,
+]  # fmt: skip
 
 
 class TestDeleteSession:
@@ -270,8 +299,8 @@ def _wrapper_calls() -> dict[str, Any]:
     clock = ClockReading(0, 0, "b")
     return {
         "record_turn": s.record_turn(
-            SESSION, SHARD, SHARD.lru_public, clock, candidate_session_id=SID, payload="[]",
-            idempotency_key="", redactions=0, truncated=False, max_events=1,
+            SESSION, SHARD, clock, candidate_session_id=SID, payload="[]",
+            idempotency_key="", redactions=0, truncated=False, max_events=1, limits=LIMITS,
         ),
         "read_context": s.read_context(SESSION, SHARD, SHARD.lru_public, clock),
         "read_page": s.read_page(
@@ -280,7 +309,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "list_metadata": s.list_metadata(SHARD, clock, after="", limit=1),
         "sweep_idle": s.sweep_idle(SHARD, clock, batch=1, max_events=1),
         "delete_session": s.delete_session(
-            SESSION, SHARD, SHARD.lru_public, now_wall=0, reason="deleted_operator", max_events=1
+            SESSION, SHARD, now_wall=0, reason="deleted_operator", max_events=1
         ),
         "read_events": s.read_events(SHARD, after="", count=1),
     }  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.helpers import avatar
@@ -9,7 +11,9 @@ from worker import (
     ActionResult,
     AgentReply,
     AvatarMessage,
+    ConversationConfig,
     ConversationStore,
+    Limits,
     ToolSummary,
 )
 
@@ -67,7 +71,10 @@ def test_limit_is_clamped(
     assert len(store.read_page(A, "public", limit=asked).turns) == got
 
 
-def test_clamped_to_200(store: ConversationStore) -> None:
+def test_clamped_to_200(make_store: Any) -> None:
+    store: ConversationStore = make_store(
+        ConversationConfig(limits=Limits(max_turns_per_session=300))
+    )
     for i in range(205):
         store.record(A, "im", AvatarMessage(text=f"t{i}"))
     assert len(store.read_page(A, "im", limit=201).turns) == 200

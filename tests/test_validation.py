@@ -120,7 +120,9 @@ def test_bypassed_model_is_revalidated(
 def test_input_over_ceiling_is_rejected_whole(
     make_store: Any, command_counter: CommandCounter
 ) -> None:
-    store: ConversationStore = make_store(ConversationConfig(limits=Limits(max_input_bytes=1000)))
+    store: ConversationStore = make_store(
+        ConversationConfig(limits=Limits(max_input_bytes=1000, max_text_bytes=1000))
+    )
     with pytest.raises(InputTooLarge, match="text"):
         store.record(A, "public", AvatarMessage(text="é" * 501))  # 1002 bytes
     with pytest.raises(InputTooLarge, match="summary"):

@@ -12,7 +12,15 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -42,6 +50,8 @@ LIMIT_TABLE: dict[str, tuple[int, int]] = {
     "max_input_bytes": (1 * MiB, 1 * MiB),
 }
 LIMIT_CEILINGS: dict[str, int] = {name: ceiling for name, (_, ceiling) in LIMIT_TABLE.items()}
+# Room for one record's framing beyond its text: sequence, time, session ID, JSON, names.
+RECORD_OVERHEAD_BYTES = 1024
 
 
 def _limit(name: str) -> Any:
@@ -75,6 +85,28 @@ class Limits(BaseModel):
         if value > ceiling:
             raise ValueError(f"{info.field_name} = {value} is above its hard ceiling {ceiling}")
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Limits:
+        """Limits that could not all hold at once are refused at start-up.
+
+        A session must hold its summary plus the largest record (JSON may double
+        a text: quotes, backslashes and newlines are escaped), or compaction could
+        not bring it under its byte bound; the shard total must hold one session.
+        """
+        largest = 2 * max(self.max_text_bytes, self.max_tool_result_bytes)
+        need = self.max_summary_bytes + largest + RECORD_OVERHEAD_BYTES
+        if self.max_session_bytes < need:
+            raise ValueError(
+                f"max_session_bytes = {self.max_session_bytes} must be at least "
+                f"max_summary_bytes + 2 x max(max_text_bytes, max_tool_result_bytes) "
+                f"+ {RECORD_OVERHEAD_BYTES} = {need}"
+            )
+        if self.max_aggregate_bytes < self.max_session_bytes:
+            raise ValueError("max_aggregate_bytes must be at least max_session_bytes")
+        if self.max_text_bytes > self.max_input_bytes:
+            raise ValueError("max_text_bytes must not exceed max_input_bytes")
+        return self
 
 
 class ConversationConfig(BaseModel):

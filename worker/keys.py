@@ -12,6 +12,7 @@ Layout (namespace "gm", shard 0):
     gm:{0}:seq                          string  sequence counter
     gm:{0}:clock                        hash    boot id and offset of the store's clock domain
     gm:{0}:events                       stream  events, exact MAXLEN
+    gm:{0}:stats                        hash    bytes: the shard's stored bytes, kept exact
 
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
@@ -56,6 +57,7 @@ class ShardKeys:
     seq: str
     clock: str
     events: str
+    stats: str
 
     def lru(self, channel: Channel) -> str:
         return self.lru_public if channel is Channel.PUBLIC else self.lru_im
@@ -105,4 +107,5 @@ class KeySpace:
             seq=p + "seq",
             clock=p + "clock",
             events=p + "events",
+            stats=p + "stats",
         )

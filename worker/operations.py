@@ -32,7 +32,7 @@ from worker.records import (
     parse_record,
 )
 from worker.redaction import DEFAULT_REDACTOR, Redactor
-from worker.scripts import ClockReading, MetaRow, ScriptCall, Scripts
+from worker.scripts import ClockReading, MetaRow, ScriptCall, Scripts, limits_packet
 from worker.validate import (
     EVENTS_COUNT_MAX,
     METADATA_LIMIT_MAX,
@@ -76,6 +76,7 @@ class Operations:
         self.scripts = scripts or Scripts()
         self._session_ids = session_ids
         self.prepare = Preparer(config.limits, redactor)
+        self._limits_packet = limits_packet(config.limits, config.shards)
 
     def _now(self) -> ClockReading:
         return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
@@ -90,7 +91,6 @@ class Operations:
         reply = yield self.scripts.record_turn(
             session,
             shard,
-            shard.lru(ch),
             self._now(),
             candidate_session_id=self._session_ids(),
             payload=prepared.payload,
@@ -98,6 +98,7 @@ class Operations:
             redactions=prepared.redactions,
             truncated=prepared.truncated,
             max_events=self.config.limits.max_events,
+            limits=self._limits_packet,
         )
         return Receipt(
             session_id=reply.session_id,
@@ -168,7 +169,6 @@ class Operations:
         removed: bool = yield self.scripts.delete_session(
             session,
             shard,
-            shard.lru(ch),
             now_wall=self.clock.wall_ms(),
             reason=reason.value,
             max_events=self.config.limits.max_events,

@@ -1,14 +1,16 @@
 """From a validated record to the payload Lua stores: ceiling, redaction, truncation, encoding.
 
 The order is the contract (DESIGN section 6): input over the hard input ceiling
-is refused whole, before any work; then the whole text is redacted; only then is
-it cut to its byte limit, on a UTF-8 boundary, with a visible marker. Names
+is refused whole, before any work; control characters other than tab and newline
+are dropped; then the whole text is redacted; only then is it cut to its byte
+limit, on a UTF-8 boundary, with a visible marker. Names
 (tool, action) and idempotency keys are never redacted: one that looks like a
 credential is refused, so no secret travels to Redis in any argument.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from worker.codec import encode_payload
@@ -18,6 +20,9 @@ from worker.records import ActionResult, AgentReply, AvatarMessage, Record, Tool
 from worker.redaction import Redactor
 
 TRUNCATION_MARKER = " [truncated]"
+# Control characters other than tab and newline: no meaning in chat, and they can
+# drive an operator's terminal. Removing them also bounds JSON escaping to 2x.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def check_size(value: str, field: str, max_input_bytes: int) -> None:
@@ -65,7 +70,7 @@ class Preparer:
     def text(self, value: str, field: str, max_bytes: int) -> tuple[str, int, bool]:
         """(clean text, redactions, truncated) for one free-text field."""
         check_size(value, field, self.limits.max_input_bytes)
-        redacted, count = self.redactor.redact(value)
+        redacted, count = self.redactor.redact(_CONTROL.sub("", value))
         bounded, truncated = truncate(redacted, max_bytes)
         return bounded, count, truncated
 

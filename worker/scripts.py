@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from worker.config import Limits
 from worker.keys import SessionKeys, ShardKeys
 
 T = TypeVar("T")
@@ -31,6 +32,47 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "delete_session",
     "read_events",
 )
+
+# The limits packet record_turn reads (lib.lua LIMIT_FIELDS, same order).
+LIMIT_FIELDS: tuple[str, ...] = (
+    "max_turns",
+    "low_turns",
+    "max_session_bytes",
+    "low_session_bytes",
+    "max_tools",
+    "low_tools",
+    "max_summary_bytes",
+    "summary_line_bytes",
+    "max_sessions",
+    "max_aggregate_bytes",
+    "max_evictions",
+)
+# Compaction folds a session down to this share of each bound, so it runs once
+# every quarter-bound of turns rather than on every turn.
+LOW_WATER = 0.75
+# One folded record becomes at most this many bytes of summary.
+SUMMARY_LINE_BYTES = 240
+# Sessions one record_turn call may end to get back under the shard's bounds.
+MAX_EVICTIONS_PER_CALL = 1000
+
+
+def limits_packet(limits: Limits, shards: int) -> str:
+    """The limits as record_turn takes them. Shard-wide bounds are split evenly over shards."""
+    values = {
+        "max_turns": limits.max_turns_per_session,
+        "low_turns": max(1, int(limits.max_turns_per_session * LOW_WATER)),
+        "max_session_bytes": limits.max_session_bytes,
+        "low_session_bytes": int(limits.max_session_bytes * LOW_WATER),
+        "max_tools": limits.max_tool_results_per_session,
+        "low_tools": int(limits.max_tool_results_per_session * LOW_WATER),
+        "max_summary_bytes": limits.max_summary_bytes,
+        "summary_line_bytes": min(SUMMARY_LINE_BYTES, limits.max_summary_bytes),
+        "max_sessions": max(1, limits.max_active_sessions // shards),
+        "max_aggregate_bytes": max(1, limits.max_aggregate_bytes // shards),
+        "max_evictions": MAX_EVICTIONS_PER_CALL,
+    }
+    return ",".join(str(values[field]) for field in LIMIT_FIELDS)
+
 
 _KEYS_LINE = re.compile(r"^-- KEYS\[(\d+)\]", re.MULTILINE)
 
@@ -185,7 +227,6 @@ class Scripts:
         self,
         session: SessionKeys,
         shard: ShardKeys,
-        lru: str,
         clock: ClockReading,
         *,
         candidate_session_id: str,
@@ -194,10 +235,20 @@ class Scripts:
         redactions: int,
         truncated: bool,
         max_events: int,
+        limits: str,
     ) -> ScriptCall[RecordReply]:
         return self._call(
             "record_turn",
-            (*session.all(), lru, shard.sessions, shard.seq, shard.clock, shard.events),
+            (
+                *session.all(),
+                shard.lru_public,
+                shard.lru_im,
+                shard.sessions,
+                shard.seq,
+                shard.clock,
+                shard.events,
+                shard.stats,
+            ),
             (
                 *clock.args(),
                 session.member,
@@ -207,6 +258,7 @@ class Scripts:
                 redactions,
                 int(truncated),
                 max_events,
+                limits,
             ),
             _parse_record,
             # Without an idempotency key a resend could store the turn twice.
@@ -256,7 +308,14 @@ class Scripts:
     ) -> ScriptCall[int]:
         return self._call(
             "sweep_idle",
-            (shard.lru_public, shard.lru_im, shard.sessions, shard.clock, shard.events),
+            (
+                shard.lru_public,
+                shard.lru_im,
+                shard.sessions,
+                shard.clock,
+                shard.events,
+                shard.stats,
+            ),
             (*clock.args(), batch, max_events),
             int,
         )
@@ -265,7 +324,6 @@ class Scripts:
         self,
         session: SessionKeys,
         shard: ShardKeys,
-        lru: str,
         *,
         now_wall: int,
         reason: str,
@@ -273,7 +331,14 @@ class Scripts:
     ) -> ScriptCall[bool]:
         return self._call(
             "delete_session",
-            (*session.all(), lru, shard.sessions, shard.events),
+            (
+                *session.all(),
+                shard.lru_public,
+                shard.lru_im,
+                shard.sessions,
+                shard.events,
+                shard.stats,
+            ),
             (now_wall, session.member, reason, max_events),
             bool,
         )
