@@ -101,7 +101,11 @@ local function store_now(clock_key, boot, mono, wall, persist)
   local now = mono + offset
   if persist then
     if last == nil or now > last then last = now end
-    redis.call('HSET', clock_key, 'boot', boot, 'offset', offset, 'last', last, 'wall', wall)
+    if c[1] == boot then
+      redis.call('HSET', clock_key, 'last', last, 'wall', wall)
+    else
+      redis.call('HSET', clock_key, 'boot', boot, 'offset', offset, 'last', last, 'wall', wall)
+    end
   end
   return now
 end
@@ -231,7 +235,7 @@ end
 
 -- Fold a session's oldest records into its summary until it is back under its
 -- low-water marks, never the newest record. `s` is the session's state:
--- {turns_key, turns, tools, turn_bytes, summary}; it is updated in place.
+-- {turns_key, turns, tools, turn_bytes, summary (string)}; it is updated in place.
 -- Folding is deterministic: the same records give the same summary bytes.
 -- Returns records folded, summary lines dropped, seq of the last folded record.
 local function compact(s, limits)

@@ -71,9 +71,9 @@ if sid and idem ~= '' then
 end
 
 local new_session = 0
-local summary = ''
+local summary_bytes = 0
 if sid then
-  summary = redis.call('GET', KEYS[4]) or ''
+  summary_bytes = redis.call('STRLEN', KEYS[4])
 else
   sid, new_session = candidate, 1
   meta = { sid, '0', '0', '0' }
@@ -90,8 +90,8 @@ local s = {
   turns_key = KEYS[2],
   turns = (tonumber(meta[2]) or 0) + 1,
   tools = (tonumber(meta[4]) or 0) + (string.sub(payload, 1, 4) == '["t"' and 1 or 0),
-  turn_bytes = old_bytes - #summary + #entry,
-  summary = summary,
+  turn_bytes = old_bytes - summary_bytes + #entry,
+  summary = nil, -- read only when compacting
 }
 -- Activity never moves backwards, even when a slower caller's clock reading lands late.
 if last == nil or now > last then
@@ -103,7 +103,8 @@ end
 
 -- compact
 if s.turns > limits.max_turns or s.tools > limits.max_tools
-    or s.turn_bytes + #s.summary > limits.max_session_bytes then
+    or s.turn_bytes + summary_bytes > limits.max_session_bytes then
+  s.summary = redis.call('GET', KEYS[4]) or ''
   local folded, trimmed, last_seq = compact(s, limits)
   if s.summary == '' then
     redis.call('DEL', KEYS[4])
@@ -111,17 +112,20 @@ if s.turns > limits.max_turns or s.tools > limits.max_tools
     redis.call('SET', KEYS[4], s.summary)
   end
   forget_receipts(KEYS[3], last_seq)
-  local bytes = s.turn_bytes + #s.summary
-  emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns, 'bytes', bytes)
+  summary_bytes = #s.summary
+  emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns,
+    'bytes', s.turn_bytes + summary_bytes)
   if trimmed > 0 then
-    emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', #s.summary)
+    emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', summary_bytes)
   end
 end
 
-local bytes = s.turn_bytes + #s.summary
+local bytes = s.turn_bytes + summary_bytes
 redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
-redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes)
+local total = redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes)
 
--- evict
-evict_over_bounds(shard, limits, member, now)
+-- evict: only a new session or a larger total can have crossed a shard bound
+if new_session == 1 or total > limits.max_aggregate_bytes then
+  evict_over_bounds(shard, limits, member, now)
+end
 return { sid, seq, new_session, 0, redactions, truncated }

@@ -44,3 +44,39 @@ def dump_all(client: object) -> str:
         else:
             raise AssertionError(f"unexpected key type {kind}")
     return "\n".join(out)
+
+
+def recompute(client: object, namespace: str = "gm") -> dict[str, Any]:
+    """Everything the bounds are about, recomputed from the keys themselves (one shard)."""
+    c: Any = client
+    prefix = f"{namespace}:{{0}}:"
+    sessions: dict[str, dict[str, Any]] = {}
+    orphans = []
+    for raw in c.keys(prefix + "s:*"):
+        key = _s(raw)
+        member, part = key[len(prefix) + 2 :].rsplit(":", 1)
+        sessions.setdefault(member, {})[part] = key
+    for member, parts in sessions.items():
+        if "meta" not in parts:
+            orphans.append(member)
+            continue
+        meta = {_s(k): _s(v) for k, v in c.hgetall(parts["meta"]).items()}
+        entries = [_s(e) for e in c.zrange(parts.get("turns", "none"), 0, -1)]
+        summary = _s(c.get(parts["summary"]) or b"") if "summary" in parts else ""
+        parts["meta_fields"] = meta
+        parts["turns_count"] = len(entries)
+        parts["tools_count"] = sum(1 for e in entries if e.split("|", 3)[3].startswith('["t"'))
+        parts["bytes"] = sum(len(e.encode()) for e in entries) + len(summary.encode())
+        parts["summary_bytes"] = len(summary.encode())
+    indexed = {_s(m) for m in c.zrange(prefix + "sessions", 0, -1)}
+    lru = {_s(m) for m in c.zrange(prefix + "lru:public", 0, -1)} | {
+        _s(m) for m in c.zrange(prefix + "lru:im", 0, -1)
+    }
+    return {
+        "sessions": {m: p for m, p in sessions.items() if m not in orphans},
+        "orphans": orphans,
+        "indexed": indexed,
+        "lru": lru,
+        "stats_bytes": int(_s(c.hget(prefix + "stats", "bytes") or b"0")),
+        "events": c.xlen(prefix + "events") if c.exists(prefix + "events") else 0,
+    }

@@ -40,6 +40,16 @@ def cli_binary() -> str:
     return str(Path(server_binary()).with_name("valkey-cli"))
 
 
+# Server settings gridmem runs best with (recommended for an external server too,
+# see docs/operations.md). A session's transcript is a sorted set of records of
+# a few hundred bytes; as a listpack it costs about its payload, as a skiplist
+# about 100 bytes more per record. Up to 256 records of up to 2 KiB stay compact.
+TUNING: dict[str, str] = {
+    "zset-max-listpack-entries": "256",
+    "zset-max-listpack-value": "2048",
+}
+
+
 class EmbeddedValkey:
     """Start, reach and stop one private server. Usable as a context manager."""
 
@@ -98,7 +108,7 @@ class EmbeddedValkey:
             "--logfile",
             str(self.directory / "valkey.log"),
         ]
-        for name, value in self._extra.items():
+        for name, value in {**TUNING, **self._extra}.items():
             args += [f"--{name}", value]
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self._wait_ready(timeout)

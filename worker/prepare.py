@@ -76,7 +76,7 @@ class Preparer:
 
     def name(self, value: str, field: str) -> str:
         """A short identifier is stored as given, or refused if it looks like a credential."""
-        if self.redactor.redact(value)[1]:
+        if value and self.redactor.redact(value)[1]:
             raise InvalidInput(field, "looks like a credential; refused, nothing stored")
         return value
 

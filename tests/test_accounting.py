@@ -1,0 +1,149 @@
+"""Exact accounting under a random workload: a hypothesis state machine.
+
+Records, clock moves, operator expiry and deletion, sweeps; with limits small
+enough that compaction, summary trimming and eviction happen all the time.
+After every step the shard's byte total equals the bytes recomputed from the
+session keys, every bound holds, and no key is left without its session.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, ClassVar
+
+import fakeredis
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from tests.conftest import REAL_ENGINES
+from tests.helpers import avatar, recompute
+from worker import (
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    ConversationConfig,
+    ConversationStore,
+    Limits,
+    ManualClock,
+    ToolSummary,
+)
+from worker.embedded import EmbeddedValkey
+
+LIMITS = Limits(
+    max_active_sessions=5,
+    max_turns_per_session=4,
+    max_tool_results_per_session=2,
+    max_text_bytes=200,
+    max_tool_result_bytes=200,
+    max_summary_bytes=300,
+    max_session_bytes=2000,
+    max_aggregate_bytes=2500,
+    max_events=25,
+)
+AVATARS = [avatar(n) for n in range(3)]
+TEXT = st.text(alphabet='abcdé🙂 \n"\\xyz', min_size=1, max_size=260) | st.integers(80, 260).map(
+    lambda n: "w" * n
+)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    client: Any = None  # set by the test: the backend under test
+    seen: ClassVar[Counter[str]] = Counter()  # reasons over the whole run: proof the paths ran
+
+    @initialize()
+    def start(self) -> None:
+        self.client.flushall()
+        self.clock = ManualClock()
+        self.store = ConversationStore(
+            self.client, ConversationConfig(limits=LIMITS), clock=self.clock
+        )
+
+    @rule(
+        who=st.sampled_from(AVATARS),
+        channel=st.sampled_from(["public", "im"]),
+        kind=st.integers(0, 3),
+        text=TEXT,
+    )
+    def record(self, who: str, channel: str, kind: int, text: str) -> None:
+        record: Any = [
+            AvatarMessage(text=text),
+            AgentReply(text=text),
+            ToolSummary(tool="probe", summary=text),
+            ActionResult(action="wave", status="ok", detail=text),
+        ][kind]
+        self.store.record(who, channel, record)
+
+    @rule(ms=st.sampled_from([1, 1000, 1_799_999, 1_800_000, 86_400_000]))
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    @rule(
+        who=st.sampled_from(AVATARS),
+        channel=st.sampled_from(["public", "im"]),
+        delete=st.booleans(),
+    )
+    def end(self, who: str, channel: str, delete: bool) -> None:
+        (self.store.delete if delete else self.store.expire)(who, channel)
+
+    @rule(limit=st.integers(1, 5))
+    def sweep(self, limit: int) -> None:
+        self.store.sweep(limit=limit)
+
+    @invariant()
+    def count_events(self) -> None:
+        after = getattr(self, "_after", None)
+        for event in self.store.events(after=after, count=1000):
+            self.seen[event.reason.value] += 1
+            self._after = event.id
+
+    @invariant()
+    def accounting_is_exact(self) -> None:
+        state = recompute(self.client)
+        sessions = state["sessions"]
+        assert state["orphans"] == []
+        assert set(sessions) == state["indexed"] == state["lru"]
+        assert state["stats_bytes"] == sum(s["bytes"] for s in sessions.values())
+        for s in sessions.values():
+            meta = s["meta_fields"]
+            assert int(meta["bytes"]) == s["bytes"] <= LIMITS.max_session_bytes
+            assert int(meta["turns"]) == s["turns_count"] <= LIMITS.max_turns_per_session
+            assert int(meta["tools"]) == s["tools_count"] <= LIMITS.max_tool_results_per_session
+            assert s["summary_bytes"] <= LIMITS.max_summary_bytes
+        assert len(sessions) <= LIMITS.max_active_sessions
+        assert state["stats_bytes"] <= LIMITS.max_aggregate_bytes
+        assert state["events"] <= LIMITS.max_events
+
+
+EXERCISED = {
+    "compacted", "summary_trimmed", "evicted_session_limit", "evicted_aggregate_bytes",
+    "expired_inactivity", "expired_operator", "deleted_operator",
+}  # fmt: skip
+
+
+def _run(client: Any, examples: int) -> Counter[str]:
+    StoreMachine.client = client
+    StoreMachine.seen = Counter()
+    StoreMachine.TestCase.settings = settings(
+        max_examples=examples,
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=True,  # the same workload on every run: CI stays reproducible
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    StoreMachine.TestCase().runTest()
+    return StoreMachine.seen
+
+
+@pytest.mark.fake
+def test_accounting_on_fakeredis() -> None:
+    seen = _run(fakeredis.FakeRedis(server=fakeredis.FakeServer()), examples=60)
+    assert set(seen) >= EXERCISED
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("engine", list(REAL_ENGINES))
+def test_accounting_on_a_real_server(real_servers: dict[str, EmbeddedValkey], engine: str) -> None:
+    seen = _run(real_servers[engine].client(), examples=30)
+    assert set(seen) >= EXERCISED
