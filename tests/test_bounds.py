@@ -282,3 +282,17 @@ def test_shard_bounds_split_the_global_ones(redis: Any, clock: ManualClock, shar
     page = store.list_metadata(limit=1000)
     assert len(page.items) <= 30
     assert len(page.items) >= 30 - shards
+
+
+def test_summary_lines_are_bounded_utf8(
+    make_store: Callable[..., ConversationStore], redis: Any
+) -> None:
+    store = make_store(small(max_turns_per_session=4))
+    for i in range(12):
+        store.record(A, "im", AvatarMessage(text=f"{i} " + "🙂é" * 200))  # far over one line
+    raw = redis.get(f"gm:{{0}}:s:{A}:im:summary")
+    lines = raw.decode("utf-8").split("\n")  # strict: any cut character would fail here
+    assert len(lines) >= 4
+    for line in lines:
+        assert len(line.encode("utf-8")) <= 240
+        assert line.startswith("- avatar (untrusted): ") and line.endswith(" [...]")
