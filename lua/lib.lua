@@ -234,8 +234,8 @@ local function trim_lines(lines, size, max_bytes)
 end
 
 -- Fold a session's oldest records into its summary until it is back under its
--- low-water marks, never the newest record. `s` is the session's state:
--- {turns_key, turns, tools, turn_bytes, summary (string)}; it is updated in place.
+-- low-water marks, never the newest record. `s` is the session's state
+-- (see keep_session_bounds) with s.summary loaded; it is updated in place.
 -- Folding is deterministic: the same records give the same summary bytes.
 -- Returns records folded, summary lines dropped, seq of the last folded record.
 local function compact(s, limits)
@@ -245,7 +245,7 @@ local function compact(s, limits)
   local folded, trimmed, last_seq = 0, 0, 0
   while s.turns > 1 and (s.turns > limits.low_turns or s.tools > limits.low_tools
       or s.turn_bytes + size > limits.low_session_bytes) do
-    local oldest = redis.call('ZPOPMIN', s.turns_key)
+    local oldest = redis.call('ZPOPMIN', s.keys[2])
     local line, is_tool = summary_line(oldest[1], limits.summary_line_bytes)
     if #lines > 0 then size = size + 1 end
     lines[#lines + 1] = line
@@ -267,6 +267,32 @@ local function forget_receipts(idem_key, last_seq)
   for i = 1, #all, 2 do
     local seq = tonumber(string.match(all[i + 1], '^(%d+):'))
     if seq == nil or seq <= last_seq then redis.call('HDEL', idem_key, all[i]) end
+  end
+end
+
+-- Bring one session back within its own bounds (turns, tool results, bytes) by
+-- folding its oldest records into the summary; publishes compacted (and
+-- summary_trimmed when old lines drop). `s` = {keys = its part keys in
+-- SESSION_PARTS order, turns, tools, turn_bytes, summary_bytes}; the counts are
+-- updated in place. The caller writes them to the meta hash.
+local function keep_session_bounds(shard, s, sid, member, limits)
+  if s.turns <= limits.max_turns and s.tools <= limits.max_tools
+      and s.turn_bytes + s.summary_bytes <= limits.max_session_bytes then
+    return
+  end
+  s.summary = redis.call('GET', s.keys[4]) or ''
+  local folded, trimmed, last_seq = compact(s, limits)
+  if s.summary == '' then
+    redis.call('DEL', s.keys[4])
+  else
+    redis.call('SET', s.keys[4], s.summary)
+  end
+  forget_receipts(s.keys[3], last_seq)
+  s.summary_bytes = #s.summary
+  emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns,
+    'bytes', s.turn_bytes + s.summary_bytes)
+  if trimmed > 0 then
+    emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', s.summary_bytes)
   end
 end
 

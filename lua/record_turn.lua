@@ -87,11 +87,11 @@ local entry = seq .. '|' .. wall .. '|' .. sid .. '|' .. payload
 redis.call('ZADD', KEYS[2], seq, entry)
 local old_bytes = tonumber(meta[3]) or 0
 local s = {
-  turns_key = KEYS[2],
+  keys = own,
   turns = (tonumber(meta[2]) or 0) + 1,
   tools = (tonumber(meta[4]) or 0) + (string.sub(payload, 1, 4) == '["t"' and 1 or 0),
   turn_bytes = old_bytes - summary_bytes + #entry,
-  summary = nil, -- read only when compacting
+  summary_bytes = summary_bytes,
 }
 -- Activity never moves backwards, even when a slower caller's clock reading lands late.
 if last == nil or now > last then
@@ -101,26 +101,9 @@ if idem ~= '' then
   redis.call('HSET', KEYS[3], idem, seq .. ':' .. new_session .. ':' .. redactions .. ':' .. truncated)
 end
 
--- compact
-if s.turns > limits.max_turns or s.tools > limits.max_tools
-    or s.turn_bytes + summary_bytes > limits.max_session_bytes then
-  s.summary = redis.call('GET', KEYS[4]) or ''
-  local folded, trimmed, last_seq = compact(s, limits)
-  if s.summary == '' then
-    redis.call('DEL', KEYS[4])
-  else
-    redis.call('SET', KEYS[4], s.summary)
-  end
-  forget_receipts(KEYS[3], last_seq)
-  summary_bytes = #s.summary
-  emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns,
-    'bytes', s.turn_bytes + summary_bytes)
-  if trimmed > 0 then
-    emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', summary_bytes)
-  end
-end
+keep_session_bounds(shard, s, sid, member, limits)
 
-local bytes = s.turn_bytes + summary_bytes
+local bytes = s.turn_bytes + s.summary_bytes
 redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
 local total = redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes)
 
