@@ -312,6 +312,13 @@ def _wrapper_calls() -> dict[str, Any]:
             SESSION, SHARD, now_wall=0, reason="deleted_operator", max_events=1
         ),
         "read_events": s.read_events(SHARD, after="", count=1),
+        "export_sessions": s.export_sessions(SHARD, clock, after="", max_sessions=1, max_bytes=1),
+        "restore_session": s.restore_session(
+            SESSION, SHARD, clock, session_id=SID, created_ms=0, active_ms=0, age_ms=0, summary="",
+            max_events=1, limits=LIMITS, receipts={}, entries=[],
+        ),
+        "publish_event": s.publish_event(SHARD, now_wall=0, reason="snapshot_restored", max_events=1),
+        "mark_restored": s.mark_restored(SHARD, generation=None),
     }  # fmt: skip
 
 
@@ -336,7 +343,11 @@ def test_contract_header_and_key_count(name: str) -> None:
     assert used_argv == documented_argv
     call = _wrapper_calls()[name]
     assert len(call.keys) == SCRIPTS[name].key_count == len(declared)
-    assert len(call.args) == len(documented_argv)
+    variadic = re.search(r"^-- ARGV\[\d+[^\]]*\.\.\]", header, re.MULTILINE) is not None
+    if variadic:  # a tail of pairs or records after the fixed arguments
+        assert len(call.args) >= len(documented_argv)
+    else:
+        assert len(call.args) == len(documented_argv)
 
 
 def test_wrapper_keys_share_one_hash_tag() -> None:
@@ -361,3 +372,142 @@ def test_script_errors_map_to_one_class_each() -> None:
     for path in lua_dir().glob("*.lua"):
         lua_codes |= set(re.findall(r"GM_[A-Z]+", path.read_text()))
     assert lua_codes == set(SCRIPT_ERRORS)
+
+
+EXPORT_KEYS = [SHARD.sessions, SHARD.lru_public, SHARD.lru_im, SHARD.clock]
+
+
+class TestExportSessions:
+    def test_shapes(self, run: Run) -> None:
+        assert _s(run("export_sessions", EXPORT_KEYS, [*NOW, "", 10, 1 << 20])) == [""]
+        run("record_turn", RECORD_KEYS, record_args(idempotency_key="k1"))
+        run("record_turn", RECORD_KEYS, record_args(payload='["r","yo"]'))
+        b_session, _ = KEYSPACE.session(avatar(2), Channel.PUBLIC)
+        run(
+            "record_turn",
+            [*b_session.all(), *RECORD_KEYS[5:]],
+            record_args(member=b_session.member),
+        )
+        whole = _s(run("export_sessions", EXPORT_KEYS, [*NOW, "", 10, 1 << 20]))
+        assert whole[0] == "" and len(whole) == 3
+        member, sid, created, active, summary, entries, receipts = whole[1]
+        assert (member, sid, created, active, summary) == (MEMBER, SID, NOW[1], NOW[1], "")
+        assert [e.split("|")[0] for e in entries] == ["1", "2"] and receipts == ["k1", "1:1:0:0"]
+        # a batch stops at max_sessions, or once max_bytes were read
+        assert _s(run("export_sessions", EXPORT_KEYS, [*NOW, "", 1, 1 << 20]))[0] == MEMBER
+        assert _s(run("export_sessions", EXPORT_KEYS, [*NOW, "", 10, 1]))[0] == MEMBER
+        assert len(_s(run("export_sessions", EXPORT_KEYS, [*NOW, MEMBER, 10, 1]))) == 2
+        expired = [str(1000 + 1_800_000), NOW[1], NOW[2], "", 10, 1 << 20]
+        assert _s(run("export_sessions", EXPORT_KEYS, expired)) == [""]
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [
+            ("after", [*NOW, "x", 5, 100]),
+            ("max_sessions", [*NOW, "", 0, 100]),
+            ("max_sessions", [*NOW, "", 1001, 100]),
+            ("max_bytes", [*NOW, "", 5, 0]),
+        ],
+    )
+    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("export_sessions", EXPORT_KEYS, args)
+
+
+def restore_args(**over: Any) -> list[Any]:
+    entries = over.pop(
+        "entries", [f'7|{NOW[1]}|{SID}|["a","back"]', f'9|{NOW[1]}|{SID}|["t","map","x"]']
+    )
+    receipts = over.pop("receipts", ["k9", "9:0:0:0"])
+    args = {
+        "now_mono": NOW[0], "now_wall": NOW[1], "boot_id": NOW[2], "member": MEMBER,
+        "session_id": SID, "created_ms": NOW[1], "active_ms": NOW[1], "age_ms": 5000,
+        "summary": "- agent: hi", "max_events": 100, "limits": LIMITS, "receipts": len(receipts) // 2,
+    }  # fmt: skip
+    args.update(over)
+    return [*args.values(), *receipts, *entries]
+
+
+class TestRestoreSession:
+    def test_restores_then_never_overwrites(self, run: Run, redis: redis_py.Redis) -> None:
+        assert run("restore_session", RECORD_KEYS, restore_args()) == 1
+        meta = {k.decode(): v.decode() for k, v in redis.hgetall(SESSION.meta).items()}
+        assert (meta["sid"], meta["turns"], meta["tools"]) == (SID, "2", "1")
+        assert int(redis.zscore(SHARD.lru_public, MEMBER)) == 1000 - 5000
+        assert int(redis.get(SHARD.seq)) == 9
+        assert redis.hget(SESSION.idem, "k9") == b"9:0:0:0"
+        stored = sum(len(e) for e in redis.zrange(SESSION.turns, 0, -1)) + redis.strlen(
+            SESSION.summary
+        )
+        assert int(meta["bytes"]) == int(redis.hget(SHARD.stats, "bytes")) == stored
+        assert run("restore_session", RECORD_KEYS, restore_args(summary="")) == 0
+        assert redis.get(SESSION.summary) == b"- agent: hi"
+
+    @pytest.mark.parametrize(
+        ("field", "over"),
+        [
+            ("records", {"entries": []}),
+            ("records", {"entries": ["2|1|" + SID + '|["a","x"]', "2|1|" + SID + '|["a","y"]']}),
+            ("records", {"entries": ["1|1|" + "cd" * 16 + '|["a","x"]']}),
+            ("records", {"entries": ["not a record"]}),
+            ("age_ms", {"age_ms": 1_800_000}),
+            ("session_id", {"session_id": "XYZ"}),
+            ("receipt", {"receipts": ["k", "garbage"]}),
+            ("limits", {"limits": "1,2"}),
+        ],
+    )
+    def test_bad_arguments_write_nothing(
+        self, run: Run, redis: redis_py.Redis, field: str, over: dict[str, Any]
+    ) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("restore_session", RECORD_KEYS, restore_args(**over))
+        assert redis.dbsize() == 0
+
+
+class TestPublishEvent:
+    def test_shapes(self, run: Run) -> None:
+        event_id = _s(
+            run(
+                "publish_event",
+                [SHARD.events],
+                [NOW[1], "snapshot_restored", 10, "", "", "generation", 3],
+            )
+        )
+        [row] = _s(run("read_events", [SHARD.events], ["", 10]))
+        assert row[0] == event_id
+        assert dict(zip(row[1::2], row[2::2], strict=True)) == {
+            "reason": "snapshot_restored", "at": NOW[1], "sid": "", "uuid": "", "ch": "", "generation": "3",
+        }  # fmt: skip
+        run("publish_event", [SHARD.events], [NOW[1], "expired_inactivity", 10, SID, MEMBER])
+        [_, row] = _s(run("read_events", [SHARD.events], ["", 10]))
+        assert (row[6], row[8], row[10]) == (SID, A, "public")
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [
+            ("reason", [NOW[1], "compacted", 10, "", ""]),
+            ("reason", [NOW[1], "deleted_operator", 10, "", ""]),
+            ("detail", [NOW[1], "snapshot_restored", 10, "", "", "odd"]),
+            ("detail", [NOW[1], "snapshot_restored", 10, "", "", "reason", "x"]),
+            ("detail", [NOW[1], "snapshot_restored", 10, "", "", "note", "has space"]),
+            ("member", [NOW[1], "snapshot_restored", 10, "", "bad"]),
+            ("session_id", [NOW[1], "snapshot_restored", 10, "short", ""]),
+        ],
+    )
+    def test_bad_arguments(
+        self, run: Run, redis: redis_py.Redis, field: str, args: list[Any]
+    ) -> None:
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("publish_event", [SHARD.events], args)
+        assert redis.dbsize() == 0
+
+
+class TestMarkRestored:
+    def test_shapes(self, run: Run) -> None:
+        assert _s(run("mark_restored", [SHARD.restored], [""])) == ""
+        assert _s(run("mark_restored", [SHARD.restored], ["4"])) == ""
+        assert _s(run("mark_restored", [SHARD.restored], [""])) == "4"
+
+    def test_bad_argument(self, run: Run) -> None:
+        with pytest.raises(BadScriptArgument, match="GM_BADARG generation"):
+            run("mark_restored", [SHARD.restored], ["four"])

@@ -28,6 +28,7 @@ from worker.records import (
     TurnPage,
     TurnView,
 )
+from worker.snapshots import RestoreReport, SnapshotError, SnapshotInfo
 from worker.store import ConversationStore, connect
 
 __version__ = "0.1.0"
@@ -55,9 +56,12 @@ __all__ = [
     "MetadataPage",
     "ReasonCode",
     "Receipt",
+    "RestoreReport",
     "ScriptError",
     "SessionMetadata",
     "Settings",
+    "SnapshotError",
+    "SnapshotInfo",
     "SystemClock",
     "ToolSummary",
     "TurnPage",

@@ -26,7 +26,14 @@ KIND_CODE: dict[RecordKind, str] = {
     "action_result": "x",
 }
 CODE_KIND: dict[str, RecordKind] = {code: kind for kind, code in KIND_CODE.items()}
-_FIELD_COUNT = {"a": 1, "r": 1, "t": 2, "x": 3}
+# The payload's fields after the kind code, by kind: the record models' field names.
+FIELD_NAMES: dict[RecordKind, tuple[str, ...]] = {
+    "avatar_message": ("text",),
+    "agent_reply": ("text",),
+    "tool_summary": ("tool", "summary"),
+    "action_result": ("action", "status", "detail"),
+}
+_FIELD_COUNT = {KIND_CODE[kind]: len(names) for kind, names in FIELD_NAMES.items()}
 
 
 def encode_payload(kind: RecordKind, fields: list[str]) -> str:
@@ -79,3 +86,15 @@ def _entry(head: list[str], payload: object) -> StoredEntry:
         if type(value) is not str:
             raise TypeError("field is not text")
     return StoredEntry(int(head[0]), int(head[1]), head[2], CODE_KIND[payload[0]], fields)
+
+
+def entry_to_record(entry: StoredEntry) -> dict[str, str]:
+    """A stored entry as the mapping its record model takes (kind included)."""
+    return {"kind": entry.kind, **dict(zip(FIELD_NAMES[entry.kind], entry.fields, strict=True))}
+
+
+def record_to_entry(seq: int, at_ms: int, session_id: str, record: dict[str, str]) -> str:
+    """The transcript member for a validated record mapping: what Lua would have written."""
+    kind: RecordKind = record["kind"]  # type: ignore[assignment]  # validated by the caller
+    fields = [record[name] for name in FIELD_NAMES[kind]]
+    return f"{seq}|{at_ms}|{session_id}|{encode_payload(kind, fields)}"

@@ -13,6 +13,7 @@ Layout (namespace "gm", shard 0):
     gm:{0}:clock                        hash    boot id and offset of the store's clock domain
     gm:{0}:events                       stream  events, exact MAXLEN
     gm:{0}:stats                        hash    bytes: the shard's stored bytes, kept exact
+    gm:{0}:restored                     string  generation restored from (snapshots)
 
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
@@ -58,6 +59,7 @@ class ShardKeys:
     clock: str
     events: str
     stats: str
+    restored: str
 
     def lru(self, channel: Channel) -> str:
         return self.lru_public if channel is Channel.PUBLIC else self.lru_im
@@ -108,4 +110,5 @@ class KeySpace:
             clock=p + "clock",
             events=p + "events",
             stats=p + "stats",
+            restored=p + "restored",
         )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from worker.clock import Clock
-from worker.codec import decode_entries
+from worker.codec import decode_entries, record_to_entry
 from worker.config import ConversationConfig
 from worker.context import project, turn_view
 from worker.errors import InvalidInput
@@ -32,7 +32,15 @@ from worker.records import (
     parse_record,
 )
 from worker.redaction import DEFAULT_REDACTOR, Redactor
-from worker.scripts import ClockReading, MetaRow, ScriptCall, Scripts, limits_packet
+from worker.scripts import (
+    ClockReading,
+    ExportReply,
+    MetaRow,
+    ScriptCall,
+    Scripts,
+    limits_packet,
+)
+from worker.snapshots import SnapshotSession
 from worker.validate import (
     EVENTS_COUNT_MAX,
     METADATA_LIMIT_MAX,
@@ -52,6 +60,9 @@ Op = Generator[ScriptCall[Any], Any, T]
 
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
 SWEEP_BATCH = 200
+# One export_sessions call reads at most this many sessions or about this many bytes.
+EXPORT_BATCH_SESSIONS = 200
+EXPORT_BATCH_BYTES = 1 << 20
 
 
 def new_session_id() -> str:
@@ -211,6 +222,69 @@ class Operations:
             event_id = entry_id if len(positions) == 1 else ",".join(positions)
             events.append(_event(event_id, fields))
         return events
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def export_batch(self, shard_no: int, after: str) -> Op[ExportReply]:
+        """One batch of whole sessions of a shard, each read atomically."""
+        reply: ExportReply = yield self.scripts.export_sessions(
+            self.keys.shard(shard_no),
+            self._now(),
+            after=after,
+            max_sessions=EXPORT_BATCH_SESSIONS,
+            max_bytes=EXPORT_BATCH_BYTES,
+        )
+        return reply
+
+    def restore_session(self, session: SnapshotSession, age_ms: int) -> Op[bool]:
+        """Write one validated snapshot session unless the key is live. True if written."""
+        keys, shard = self.keys.session(session.avatar_uuid, Channel(session.channel))
+        entries = [
+            record_to_entry(r.seq, r.at_ms, session.session_id, r.record.model_dump())
+            for r in session.records
+        ]
+        restored: bool = yield self.scripts.restore_session(
+            keys,
+            shard,
+            self._now(),
+            session_id=session.session_id,
+            created_ms=session.created_at_ms,
+            active_ms=session.last_active_at_ms,
+            age_ms=age_ms,
+            summary=session.summary,
+            max_events=self.config.limits.max_events,
+            limits=self._limits_packet,
+            receipts=session.receipts,
+            entries=entries,
+        )
+        return restored
+
+    def publish(
+        self,
+        reason: ReasonCode,
+        detail: dict[str, str | int],
+        *,
+        session_id: str = "",
+        member: str = "",
+    ) -> Op[str]:
+        """An event no script publishes on its own (snapshots, permissions)."""
+        shard_no = self.keys.shard_of(member.split(":", maxsplit=1)[0]) if member else 0
+        shard = self.keys.shard(shard_no)
+        event_id: str = yield self.scripts.publish_event(
+            shard,
+            now_wall=self.clock.wall_ms(),
+            reason=reason.value,
+            max_events=self.config.limits.max_events,
+            session_id=session_id,
+            member=member,
+            detail=detail,
+        )
+        return event_id
+
+    def restore_marker(self, generation: int | None) -> Op[str]:
+        """The generation this server's data was restored from ('' if none); set it if given."""
+        before: str = yield self.scripts.mark_restored(self.keys.shard(0), generation=generation)
+        return before
 
     def _parse_event_cursor(self, after: object) -> list[str]:
         if after is None:

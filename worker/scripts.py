@@ -31,6 +31,10 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "sweep_idle",
     "delete_session",
     "read_events",
+    "export_sessions",
+    "restore_session",
+    "publish_event",
+    "mark_restored",
 )
 
 # The limits packet record_turn reads (lib.lua LIMIT_FIELDS, same order).
@@ -206,6 +210,41 @@ def _parse_events(raw: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ExportedSession:
+    member: str
+    session_id: str
+    created_ms: int
+    active_ms: int
+    summary: str
+    entries: list[str]
+    receipts: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReply:
+    next_after: str  # '' at the end of this shard
+    sessions: list[ExportedSession]
+
+
+def _parse_export(raw: Sequence[Any]) -> ExportReply:
+    sessions = []
+    for member, sid, created, active, summary, entries, receipts in raw[1:]:
+        pairs = [text(x) for x in receipts]
+        sessions.append(
+            ExportedSession(
+                text(member),
+                text(sid),
+                int(created),
+                int(active),
+                text(summary),
+                [text(e) for e in entries],
+                dict(zip(pairs[0::2], pairs[1::2], strict=True)),
+            )
+        )
+    return ExportReply(text(raw[0]), sessions)
+
+
 class Scripts:
     """One typed method per Lua script. Holds the sources; never a connection."""
 
@@ -347,3 +386,93 @@ class Scripts:
         self, shard: ShardKeys, *, after: str, count: int
     ) -> ScriptCall[list[tuple[str, dict[str, str]]]]:
         return self._call("read_events", (shard.events,), (after, count), _parse_events)
+
+    def export_sessions(
+        self,
+        shard: ShardKeys,
+        clock: ClockReading,
+        *,
+        after: str,
+        max_sessions: int,
+        max_bytes: int,
+    ) -> ScriptCall[ExportReply]:
+        return self._call(
+            "export_sessions",
+            (shard.sessions, shard.lru_public, shard.lru_im, shard.clock),
+            (*clock.args(), after, max_sessions, max_bytes),
+            _parse_export,
+        )
+
+    def restore_session(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        clock: ClockReading,
+        *,
+        session_id: str,
+        created_ms: int,
+        active_ms: int,
+        age_ms: int,
+        summary: str,
+        max_events: int,
+        limits: str,
+        receipts: dict[str, str],
+        entries: list[str],
+    ) -> ScriptCall[bool]:
+        pairs = [x for kv in sorted(receipts.items()) for x in kv]
+        return self._call(
+            "restore_session",
+            (
+                *session.all(),
+                shard.lru_public,
+                shard.lru_im,
+                shard.sessions,
+                shard.seq,
+                shard.clock,
+                shard.events,
+                shard.stats,
+            ),
+            (
+                *clock.args(),
+                session.member,
+                session_id,
+                created_ms,
+                active_ms,
+                age_ms,
+                summary,
+                max_events,
+                limits,
+                len(receipts),
+                *pairs,
+                *entries,
+            ),
+            bool,
+        )
+
+    def publish_event(
+        self,
+        shard: ShardKeys,
+        *,
+        now_wall: int,
+        reason: str,
+        max_events: int,
+        session_id: str = "",
+        member: str = "",
+        detail: dict[str, str | int] | None = None,
+    ) -> ScriptCall[str]:
+        pairs = [str(x) for kv in (detail or {}).items() for x in kv]
+        return self._call(
+            "publish_event",
+            (shard.events,),
+            (now_wall, reason, max_events, session_id, member, *pairs),
+            text,
+            idempotent=False,  # a resend would publish the event twice
+        )
+
+    def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
+        return self._call(
+            "mark_restored",
+            (shard.restored,),
+            ("" if generation is None else generation,),
+            text,
+        )

@@ -8,6 +8,7 @@ this class only drives it with a blocking redis-py client.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -31,7 +32,19 @@ from worker.records import (
     Record,
     TurnPage,
 )
+from worker.redaction import DEFAULT_REDACTOR
 from worker.scripts import ScriptCall
+from worker.snapshots import (
+    QuarantinedGeneration,
+    RestoreReport,
+    SnapshotDirectory,
+    SnapshotInfo,
+    SnapshotInvalid,
+    ValidatedGeneration,
+    snapshot_line,
+)
+from worker.snapshots import age_ms as snapshot_age_ms
+from worker.snapshots import expired as snapshot_expired
 
 T = TypeVar("T")
 
@@ -85,6 +98,13 @@ class ConversationStore:
         self.clock: Clock = clock or SystemClock()
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
         self._ops = Operations(self.config, self.clock)
+        # Persistence is on when there is a place for it (DESIGN section 10).
+        self.snapshots: SnapshotDirectory | None = None
+        if snapshot_dir is not None:
+            self.snapshots = SnapshotDirectory(
+                Path(snapshot_dir), self.config.limits, DEFAULT_REDACTOR
+            )
+        self._permissions_reported = False
         self._bound: dict[str, Any] = {}
         self._embedded: EmbeddedValkey | None = None
         self._retrying = tenacity.Retrying(**retry_policy())
@@ -153,6 +173,45 @@ class ConversationStore:
         """Events oldest first; pass the last Event.id seen as `after` to follow the stream."""
         return self._drive(self._ops.events(after, count))
 
+    def flush(self) -> SnapshotInfo | None:
+        """Write every live session to a new snapshot generation; None when persistence is off.
+
+        Raises SnapshotError (a GridmemError) if the generation cannot be written;
+        the previous generations are then untouched.
+        """
+        if self.snapshots is None:
+            return None
+        with self.snapshots.locked():
+            self._report_permissions()
+            return self.snapshots.write(
+                self._snapshot_lines(),
+                created_ms=self.clock.wall_ms(),
+                boot_id=self.clock.boot_id(),
+            )
+
+    def restore(self) -> RestoreReport:
+        """Load the newest valid generation, once per server lifetime. Never raises.
+
+        Each generation is checked whole before anything reaches Redis; a failing
+        one goes to quarantine (event snapshot_quarantined) and the next older one
+        is tried. Live sessions are never overwritten; sessions past their TTL by
+        wall-clock age are not restored (event expired_inactivity).
+        """
+        report = RestoreReport()
+        if self.snapshots is None:
+            return report
+        try:
+            with self.snapshots.locked():
+                self._report_permissions()
+                if self._drive(self._ops.restore_marker(None)):
+                    return report  # this server's data was restored already (another process?)
+                report.ran = True
+                self._restore_newest_valid(self.snapshots, report)
+                self._drive(self._ops.restore_marker(report.generation or 0))
+        except Exception as exc:  # start-up must go on: say what happened instead
+            report.error = f"{type(exc).__name__}: {exc}"
+        return report
+
     def close(self) -> None:
         self.redis.close()
         if self._embedded is not None:
@@ -169,6 +228,78 @@ class ConversationStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def _snapshot_lines(self) -> Iterator[bytes]:
+        """Every live session as one snapshot line, shard by shard, in bounded batches."""
+        for shard in self._ops.keys.all_shards():
+            after = ""
+            while True:
+                batch = self._drive(self._ops.export_batch(shard.shard, after))
+                for session in batch.sessions:
+                    yield snapshot_line(session)
+                if not batch.next_after:
+                    break
+                after = batch.next_after
+
+    def _restore_newest_valid(self, snapshots: SnapshotDirectory, report: RestoreReport) -> None:
+        for generation, path in reversed(snapshots.generations()):
+            try:
+                valid = snapshots.validate(generation, path)
+            except SnapshotInvalid as bad:
+                snapshots.quarantine(path)
+                report.quarantined.append(
+                    QuarantinedGeneration(generation=generation, cause=bad.cause)
+                )
+                detail: dict[str, str | int] = {"generation": generation, "cause": bad.cause}
+                self._drive(self._ops.publish(ReasonCode.SNAPSHOT_QUARANTINED, detail))
+                continue
+            except OSError:
+                report.unreadable.append(generation)
+                continue
+            self._restore_generation(snapshots, valid, report)
+            return
+
+    def _restore_generation(
+        self, snapshots: SnapshotDirectory, valid: ValidatedGeneration, report: RestoreReport
+    ) -> None:
+        """Oldest activity first, so eviction (if limits were lowered) keeps the newest."""
+        now = self.clock.wall_ms()
+        for _, offset, length in valid.lines:
+            session = snapshots.read_line(valid.path, offset, length)
+            age = snapshot_age_ms(session.last_active_at_ms, now)
+            if snapshot_expired(session, now):
+                report.sessions_expired += 1
+                counts: dict[str, str | int] = {"turns": len(session.records), "age_ms": age}
+                self._drive(
+                    self._ops.publish(
+                        ReasonCode.EXPIRED_INACTIVITY,
+                        counts,
+                        session_id=session.session_id,
+                        member=session.member,
+                    )
+                )
+            elif self._drive(self._ops.restore_session(session, age)):
+                report.sessions_restored += 1
+            else:
+                report.sessions_live += 1
+        report.generation = valid.generation
+        detail: dict[str, str | int] = {
+            "generation": valid.generation,
+            "restored": report.sessions_restored,
+            "live": report.sessions_live,
+            "expired": report.sessions_expired,
+        }
+        self._drive(self._ops.publish(ReasonCode.SNAPSHOT_RESTORED, detail))
+
+    def _report_permissions(self) -> None:
+        """Where file modes cannot be forced, say so once: operators must restrict the ACL."""
+        if self.snapshots is None or self.snapshots.posix or self._permissions_reported:
+            return
+        self._permissions_reported = True
+        detail: dict[str, str | int] = {"directory": "snapshots"}
+        self._drive(self._ops.publish(ReasonCode.PERMISSIONS_NOT_VERIFIED, detail))
 
     # -- driving the shared operations ----------------------------------------------
 

@@ -1,0 +1,96 @@
+-- restore_session: write one validated session from a snapshot, unless it is live.
+-- Never overwrites a live session. The session's last activity is set `age_ms`
+-- before now, so its TTL continues from the snapshot. Afterwards the same bounds
+-- as record_turn hold: the session is compacted if over its own bounds and the
+-- shard evicts least-recently-active sessions if over its bounds (restore the
+-- oldest sessions first so the newest survive). The sequence counter is raised
+-- past the restored records, so new turns always sort after them.
+-- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)
+-- KEYS[2]  = gm:{shard}:s:<uuid>:<ch>:turns    (zset)
+-- KEYS[3]  = gm:{shard}:s:<uuid>:<ch>:idem     (hash)
+-- KEYS[4]  = gm:{shard}:s:<uuid>:<ch>:summary  (string)
+-- KEYS[5]  = gm:{shard}:s:<uuid>:<ch>:archive  (zset)
+-- KEYS[6]  = gm:{shard}:lru:public             (zset)
+-- KEYS[7]  = gm:{shard}:lru:im                 (zset)
+-- KEYS[8]  = gm:{shard}:sessions               (zset)
+-- KEYS[9]  = gm:{shard}:seq                    (string)
+-- KEYS[10] = gm:{shard}:clock                  (hash)
+-- KEYS[11] = gm:{shard}:events                 (stream)
+-- KEYS[12] = gm:{shard}:stats                  (hash)
+-- ARGV[1]  = now_mono (integer ms)
+-- ARGV[2]  = now_wall (integer ms)
+-- ARGV[3]  = boot_id
+-- ARGV[4]  = member '<uuid>:<channel>'
+-- ARGV[5]  = session ID (32 lowercase hex)
+-- ARGV[6]  = created_ms (wall)
+-- ARGV[7]  = active_ms (wall of the last activity)
+-- ARGV[8]  = age_ms: how long ago the last activity was (>= 0, below the TTL)
+-- ARGV[9]  = summary ('' for none)
+-- ARGV[10] = max_events
+-- ARGV[11] = limits packet (as record_turn)
+-- ARGV[12] = receipt count n, then n pairs (idempotency key, receipt) as ARGV[13..12+2n]
+-- ARGV[13+2n..] = records: '<seq>|<wall ms>|<session id>|<payload>', seq strictly increasing
+-- Returns: 1 if restored, 0 if a live session already had this key (nothing written)
+-- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
+
+local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
+local member, _, channel = arg_member('member', ARGV[4])
+local sid = arg_str('session_id', ARGV[5], SESSION_ID_PATTERN)
+local created = arg_int('created_ms', ARGV[6], 0)
+local active = arg_int('active_ms', ARGV[7], 0)
+local age = arg_int('age_ms', ARGV[8], 0, TTL_MS[channel] - 1)
+local summary = ARGV[9] or ''
+local max_events = arg_int('max_events', ARGV[10], 1)
+local limits = arg_limits('limits', ARGV[11])
+local receipts = arg_int('receipts', ARGV[12], 0, 100000)
+local first_record = 13 + 2 * receipts
+for i = 13, first_record - 1, 2 do
+  arg_str('receipt_key', ARGV[i], '^[%w%-_.:]+$')
+  arg_str('receipt', ARGV[i + 1], '^%d+:[01]:%d+:[01]$')
+end
+local records, previous, turn_bytes, tools = {}, 0, 0, 0
+for i = first_record, #ARGV do
+  local seq, rsid, payload = string.match(ARGV[i], '^(%d+)|%d+|(%x+)|(%[.*)$')
+  seq = tonumber(seq)
+  if seq == nil or seq <= previous or rsid ~= sid then
+    bad_field = bad_field or 'records'
+    break
+  end
+  previous = seq
+  records[#records + 1] = seq
+  records[#records + 1] = ARGV[i]
+  turn_bytes = turn_bytes + #ARGV[i]
+  if string.sub(payload, 1, 4) == '["t"' then tools = tools + 1 end
+end
+if #records == 0 then bad_field = bad_field or 'records' end
+local err = arg_error()
+if err then return err end
+
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+
+local shard = shard_context(KEYS[6], KEYS[7], KEYS[8], KEYS[12], KEYS[11], max_events, wall)
+local own = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }
+local now = store_now(KEYS[10], boot, mono, wall, true)
+
+-- in chunks: Lua's unpack() refuses a few thousand values at once
+for i = 1, #records, 1000 do
+  redis.call('ZADD', KEYS[2], unpack(records, i, math.min(i + 999, #records)))
+end
+for i = 13, first_record - 1, 1000 do
+  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, first_record - 1)))
+end
+if summary ~= '' then redis.call('SET', KEYS[4], summary) end
+redis.call('ZADD', shard.sessions, 0, member)
+redis.call('ZADD', shard.lru[channel], now - age, member)
+if tonumber(redis.call('GET', KEYS[9]) or '0') < previous then
+  redis.call('SET', KEYS[9], previous)
+end
+
+local s = { keys = own, turns = #records / 2, tools = tools, turn_bytes = turn_bytes, summary_bytes = #summary }
+keep_session_bounds(shard, s, sid, member, limits)
+local bytes = s.turn_bytes + s.summary_bytes
+redis.call('HSET', KEYS[1], 'sid', sid, 'created', created, 'active', active,
+  'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
+redis.call('HINCRBY', shard.stats, 'bytes', bytes)
+evict_over_bounds(shard, limits, member, now)
+return 1

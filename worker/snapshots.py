@@ -1,0 +1,550 @@
+"""Opt-in persistence: crash-safe snapshot generations, validated restore, quarantine.
+
+A generation is one immutable file `<generation, 20 digits>.snap` in the
+snapshot directory:
+
+    header   magic, format version, flags, generation, created-at wall ms, boot id,
+             payload length, SHA-256 of the payload, SHA-256 of the header so far
+             (the checksum), HMAC-SHA256 of the header so far (the signature)
+    payload  one JSON object per line, one session per object
+
+The checksum catches damage (a cut or flipped byte anywhere: the payload's hash
+is in the header). The signature uses a per-installation key (`snapshot.key`,
+0600) and catches files edited or swapped in by anything that does not hold it:
+a record relabelled from avatar to agent with a recomputed checksum is refused
+by the signature, not by luck. After both, every session goes through the same
+models, bounds and redaction rules as a live write; the first failure moves the
+whole generation to `quarantine/` and the next older one is tried. Nothing
+reaches Redis before a generation has passed every check.
+
+Writing: a temp file (name starting with `.tmp-`) in the same directory,
+fsynced, renamed over the final name with `os.replace`, then the directory is
+fsynced; a crash at any point leaves the old generations intact and at most a
+temp file, which the next start removes. One file lock serialises flushers and
+restorers across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import hmac
+import itertools
+import json
+import os
+import re
+import secrets
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Annotated, Any, Literal
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.codec import decode_entries, entry_to_record
+from worker.config import Limits
+from worker.errors import GridmemError
+from worker.records import (
+    CHANNEL_TTL_MS,
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    Channel,
+    ToolSummary,
+)
+from worker.redaction import Redactor
+from worker.scripts import ExportedSession
+
+MAGIC = b"GRIDMEM\x1a"
+FORMAT_VERSION = 1
+# Older versions this code can read, each with the function that lifts a session
+# line to the current shape. None yet: version 1 is the first.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+# magic, version, flags, generation, created_ms, boot id (padded), payload length, payload sha256
+_FIELDS = struct.Struct(">8sHHQQ64sQ32s")
+HEADER_SIZE = _FIELDS.size + 32 + 32  # + checksum + signature
+SUFFIX = ".snap"
+TEMP_PREFIX = ".tmp-"
+KEY_FILE = "snapshot.key"
+LOCK_FILE = ".lock"
+QUARANTINE = "quarantine"
+QUARANTINE_KEEP = 10  # files kept in quarantine/, oldest dropped first
+_GENERATION_NAME = re.compile(r"(\d{20})\.snap")
+_SUMMARY_LINE = re.compile(
+    r"- (?:avatar \(untrusted\)|agent|tool [A-Za-z0-9_.:\-]{1,64} \(untrusted\)"
+    r"|action [A-Za-z0-9_.:\-]{1,64} (?:ok|failed|denied))(?:: .*)?"
+    r"|- \(unreadable record, untrusted\)"
+)
+SUMMARY_LINE_MAX = 240
+
+# Steps of flush() a crash test can stop at (the hook is called with the step's name).
+STEPS = ("written", "synced", "replaced", "pruning")
+
+
+class SnapshotError(GridmemError):
+    """A snapshot could not be written; the previous generations are untouched."""
+
+
+class SnapshotInvalid(Exception):
+    """A generation failed validation. `cause` is a stable code for the event."""
+
+    def __init__(self, cause: str, detail: str = "") -> None:
+        super().__init__(f"{cause}: {detail}" if detail else cause)
+        self.cause = cause
+
+
+# -- the session format -------------------------------------------------------------
+
+_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_SID = r"^[0-9a-f]{32}$"
+_MS = Annotated[int, Field(ge=0, lt=2**53)]
+_KIND_RECORDS = Annotated[
+    AvatarMessage | AgentReply | ToolSummary | ActionResult, Field(discriminator="kind")
+]
+
+
+class SnapshotRecord(BaseModel):
+    """One transcript record: the same four kinds as a live write, nothing else."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    seq: Annotated[int, Field(ge=1, lt=2**53)]
+    at_ms: _MS
+    record: _KIND_RECORDS
+
+
+class SnapshotSession(BaseModel):
+    """One session as a snapshot line."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    avatar_uuid: Annotated[str, Field(pattern=_UUID)]
+    channel: Literal["public", "im"]
+    session_id: Annotated[str, Field(pattern=_SID)]
+    created_at_ms: _MS
+    last_active_at_ms: _MS
+    summary: str = ""
+    records: Annotated[list[SnapshotRecord], Field(min_length=1)]
+    receipts: dict[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")],
+        Annotated[str, Field(pattern=r"^\d+:[01]:\d+:[01]$")],
+    ] = Field(default_factory=dict)
+
+    @property
+    def member(self) -> str:
+        return f"{self.avatar_uuid}:{self.channel}"
+
+
+def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) -> None:
+    """Everything the models cannot say: order, time, bounds, format, secrets."""
+    seqs = [r.seq for r in session.records]
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise SnapshotInvalid("sequence_order", "sequence numbers must strictly increase")
+    if session.created_at_ms > session.last_active_at_ms:
+        raise SnapshotInvalid("timestamps", "created after last active")
+    for item in session.records:
+        _check_record(item.record, limits, redactor)
+    summary = session.summary
+    if len(summary.encode("utf-8")) > limits.max_summary_bytes:
+        raise SnapshotInvalid("over_bounds", "summary over max_summary_bytes")
+    for line in summary.split("\n") if summary else ():
+        if len(line.encode("utf-8")) > SUMMARY_LINE_MAX or not _SUMMARY_LINE.fullmatch(line):
+            raise SnapshotInvalid("bad_summary", "a summary line is not in the folded format")
+    if summary and redactor.redact(summary)[1]:
+        raise SnapshotInvalid("unredacted_secret", "the summary holds a secret")
+
+
+def _check_record(record: Any, limits: Limits, redactor: Redactor) -> None:
+    texts: list[tuple[str, int]] = []
+    names: list[str] = []
+    match record:
+        case AvatarMessage(text=t) | AgentReply(text=t):
+            texts.append((t, limits.max_text_bytes))
+        case ToolSummary(tool=tool, summary=summary):
+            texts.append((summary, limits.max_tool_result_bytes))
+            names.append(tool)
+        case ActionResult(action=action, detail=detail):
+            texts.append((detail, limits.max_text_bytes))
+            names.append(action)
+    for text, bound in texts:
+        if len(text.encode("utf-8")) > bound:
+            raise SnapshotInvalid("over_bounds", "a record's text is over its limit")
+    for value in [t for t, _ in texts] + names:
+        if redactor.redact(value)[1]:
+            raise SnapshotInvalid("unredacted_secret", "a record holds a secret")
+
+
+# -- framing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    version: int
+    generation: int
+    created_ms: int
+    boot_id: str
+    payload_len: int
+    payload_sha: bytes
+
+    def fields(self) -> bytes:
+        boot = self.boot_id.encode("utf-8")[:64].ljust(64, b"\0")
+        return _FIELDS.pack(
+            MAGIC, self.version, 0, self.generation, self.created_ms, boot,
+            self.payload_len, self.payload_sha,
+        )  # fmt: skip
+
+    def encode(self, key: bytes) -> bytes:
+        fields = self.fields()
+        checksum = hashlib.sha256(fields).digest()
+        signature = hmac.new(key, fields + checksum, hashlib.sha256).digest()
+        return fields + checksum + signature
+
+
+def parse_header(data: bytes, key: bytes) -> Header:
+    """Check magic, version, checksum and signature of a header (HEADER_SIZE bytes)."""
+    if len(data) < HEADER_SIZE:
+        raise SnapshotInvalid("truncated", "shorter than a header")
+    fields = data[: _FIELDS.size]
+    checksum = data[_FIELDS.size : _FIELDS.size + 32]
+    signature = data[_FIELDS.size + 32 : HEADER_SIZE]
+    magic, version, _flags, generation, created, boot, length, payload_sha = _FIELDS.unpack(fields)
+    if magic != MAGIC:
+        raise SnapshotInvalid("bad_magic", "not a gridmem snapshot")
+    if not hmac.compare_digest(hashlib.sha256(fields).digest(), checksum):
+        raise SnapshotInvalid("checksum_mismatch", "header damaged")
+    if not hmac.compare_digest(
+        hmac.new(key, fields + checksum, hashlib.sha256).digest(), signature
+    ):
+        raise SnapshotInvalid("signature_mismatch", "not signed with this installation's key")
+    if version != FORMAT_VERSION and version not in MIGRATIONS:
+        raise SnapshotInvalid("unsupported_version", f"format version {version}")
+    boot_id = boot.rstrip(b"\0").decode("utf-8", "replace")
+    return Header(version, generation, created, boot_id, length, payload_sha)
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+class SnapshotInfo(BaseModel):
+    """What flush() wrote."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int
+    path: Path
+    bytes: int
+    sessions: int
+    created_at_ms: int
+
+
+class QuarantinedGeneration(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int
+    cause: str
+
+
+class RestoreReport(BaseModel):
+    """What restore() did. Restore never raises: problems are reported here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ran: bool = False  # False: persistence off, or this store was already restored
+    generation: int | None = None
+    sessions_restored: int = 0
+    sessions_live: int = 0  # already present in the store: never overwritten
+    sessions_expired: int = 0  # past their TTL by wall-clock age: not restored
+    quarantined: list[QuarantinedGeneration] = Field(default_factory=list)
+    unreadable: list[int] = Field(default_factory=list)  # generations that could not be opened
+    error: str | None = None
+
+
+# -- the directory ---------------------------------------------------------------------------
+
+
+@dataclass
+class ValidatedGeneration:
+    """A generation that passed every check: where each session's line is, oldest first."""
+
+    generation: int
+    path: Path
+    lines: list[tuple[int, int, int]] = field(default_factory=list)  # (last active, offset, length)
+
+
+class SnapshotDirectory:
+    """Generations, temp files, the key, the lock and quarantine in one directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        limits: Limits,
+        redactor: Redactor,
+        *,
+        hook: Callable[[str], None] | None = None,
+        posix: bool | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.limits = limits
+        self.redactor = redactor
+        self.hook = hook or (lambda step: None)
+        self.posix = os.name == "posix" if posix is None else posix
+        self._lock = FileLock(str(self.directory / LOCK_FILE), mode=0o600)
+
+    # housekeeping
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive across processes: one flusher or restorer at a time.
+
+        Housekeeping runs inside the lock: a temp file is stale only when no
+        other process holds the lock (it may be writing that very file).
+        """
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock:
+            self.prepare()
+            yield
+
+    def prepare(self) -> None:
+        """Create the directory, force private modes on Unix, drop stale temp files."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.posix:
+            _force_mode(self.directory, 0o700)
+            for path in self.directory.iterdir():
+                if path.is_file():
+                    _force_mode(path, 0o600)
+        for path in self.directory.glob(TEMP_PREFIX + "*"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def key(self, *, create: bool = True) -> bytes:
+        """The installation's signing key, created by the first flush.
+
+        Reading generations never creates one: without the key that signed them
+        they cannot be verified, and quarantining them all would lose them.
+        """
+        path = self.directory / KEY_FILE
+        try:
+            return bytes.fromhex(path.read_text(encoding="ascii").strip())
+        except FileNotFoundError:
+            if not create:
+                raise SnapshotError(
+                    f"{path} is missing: snapshots in {self.directory} cannot be verified"
+                ) from None
+        except ValueError:
+            raise SnapshotError(f"{path} is not a snapshot key (expected 64 hex digits)") from None
+        key = secrets.token_bytes(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(key.hex())
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_directory(self.directory, self.posix)
+        return key
+
+    def generations(self) -> list[tuple[int, Path]]:
+        """Every generation file, oldest first."""
+        found = []
+        for path in self.directory.iterdir():
+            match = _GENERATION_NAME.fullmatch(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    # writing
+
+    def write(self, lines: Iterator[bytes], created_ms: int, boot_id: str) -> SnapshotInfo:
+        """Write a new generation from session lines. Call under locked()."""
+        key = self.key()
+        existing = self.generations()
+        generation = existing[-1][0] + 1 if existing else 1
+        final = self.directory / f"{generation:020d}{SUFFIX}"
+        temp = (
+            self.directory / f"{TEMP_PREFIX}{generation:020d}-{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise _write_error(exc, "create", temp, existing) from None
+        sessions = 0
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                # a placeholder: the payload's length and hash are known only at the end
+                _write_all(fh, b"\0" * HEADER_SIZE)
+                digest, length = hashlib.sha256(), 0
+                for line in lines:
+                    _write_all(fh, line)
+                    digest.update(line)
+                    length += len(line)
+                    sessions += 1
+                header = Header(
+                    FORMAT_VERSION, generation, created_ms, boot_id, length, digest.digest()
+                )
+                fh.seek(0)
+                _write_all(fh, header.encode(key))
+                fh.flush()
+                self.hook("written")
+                os.fsync(fh.fileno())
+            self.hook("synced")
+            os.replace(temp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise _write_error(exc, "write", final, existing) from None
+        self.hook("replaced")
+        _fsync_directory(self.directory, self.posix)
+        self.prune(keep=generation)
+        return SnapshotInfo(
+            generation=generation,
+            path=final,
+            bytes=HEADER_SIZE + length,
+            sessions=sessions,
+            created_at_ms=created_ms,
+        )
+
+    def prune(self, keep: int) -> None:
+        """Drop the oldest generations until the total fits max_snapshot_bytes; never `keep`."""
+        gens = self.generations()
+        total = sum(path.stat().st_size for _, path in gens)
+        for generation, path in gens:
+            if total <= self.limits.max_snapshot_bytes or generation == keep:
+                break
+            self.hook("pruning")
+            size = path.stat().st_size
+            path.unlink()
+            total -= size
+        _fsync_directory(self.directory, self.posix)
+
+    # reading
+
+    def validate(self, generation: int, path: Path) -> ValidatedGeneration:
+        """Check a generation end to end; raise SnapshotInvalid at the first fault.
+
+        OSError (unreadable) propagates: that is not the file's fault.
+        """
+        key = self.key(create=False)
+        with path.open("rb") as fh:
+            header = parse_header(fh.read(HEADER_SIZE), key)
+            size = os.fstat(fh.fileno()).st_size
+            if header.generation != generation:
+                raise SnapshotInvalid("wrong_generation", "file name and header disagree")
+            if size != HEADER_SIZE + header.payload_len:
+                raise SnapshotInvalid("truncated", "payload length does not match the file")
+            digest = hashlib.sha256()
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+            if not hmac.compare_digest(digest.digest(), header.payload_sha):
+                raise SnapshotInvalid("checksum_mismatch", "payload damaged")
+            fh.seek(HEADER_SIZE)
+            return self._validate_sessions(header, fh, path)
+
+    def _validate_sessions(self, header: Header, fh: IO[bytes], path: Path) -> ValidatedGeneration:
+        result = ValidatedGeneration(header.generation, path)
+        seen: set[str] = set()
+        offset = HEADER_SIZE
+        for line in fh:
+            session = self.parse_line(line, header.version)
+            if session.member in seen:
+                raise SnapshotInvalid("duplicate_session", "a session appears twice")
+            seen.add(session.member)
+            result.lines.append((session.last_active_at_ms, offset, len(line)))
+            offset += len(line)
+        result.lines.sort()
+        return result
+
+    def parse_line(self, line: bytes, version: int = FORMAT_VERSION) -> SnapshotSession:
+        """One session line through the models and check_session()."""
+        try:
+            if version == FORMAT_VERSION:
+                session = SnapshotSession.model_validate_json(line)
+            else:
+                data = json.loads(line)
+                for old in range(version, FORMAT_VERSION):
+                    data = MIGRATIONS[old](data)
+                session = SnapshotSession.model_validate(data)
+        except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
+            raise SnapshotInvalid("invalid_session", type(exc).__name__) from None
+        check_session(session, self.limits, self.redactor)
+        return session
+
+    def read_line(self, path: Path, offset: int, length: int) -> SnapshotSession:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return self.parse_line(fh.read(length))
+
+    def quarantine(self, path: Path) -> None:
+        """Move a failed generation aside (bounded: oldest quarantined files go first)."""
+        folder = self.directory / QUARANTINE
+        folder.mkdir(mode=0o700, exist_ok=True)
+        if self.posix:
+            _force_mode(folder, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(path, folder / path.name)
+        kept = sorted(folder.iterdir())
+        for old in kept[: max(0, len(kept) - QUARANTINE_KEEP)]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+        _fsync_directory(self.directory, self.posix)
+
+
+def snapshot_line(session: ExportedSession) -> bytes:
+    """One exported session as a snapshot line (JSON object + newline)."""
+    uuid, channel = session.member.split(":")
+    entries = decode_entries(session.entries, session.session_id)
+    data = {
+        "avatar_uuid": uuid,
+        "channel": channel,
+        "session_id": session.session_id,
+        "created_at_ms": session.created_ms,
+        "last_active_at_ms": session.active_ms,
+        "summary": session.summary,
+        "records": [
+            {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)} for e in entries
+        ],
+        "receipts": session.receipts,
+    }
+    return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def age_ms(last_active_ms: int, now_wall_ms: int) -> int:
+    """Age by wall-clock time; a wall clock behind the last activity gives 0."""
+    return max(0, now_wall_ms - last_active_ms)
+
+
+def expired(session: SnapshotSession, now_wall_ms: int) -> bool:
+    ttl = CHANNEL_TTL_MS[Channel(session.channel)]
+    return age_ms(session.last_active_at_ms, now_wall_ms) >= ttl
+
+
+def _write_all(fh: IO[bytes], data: bytes) -> None:
+    """Every write of a generation goes through here (tests inject ENOSPC / EIO)."""
+    fh.write(data)
+
+
+def _force_mode(path: Path, mode: int) -> None:
+    if (path.stat().st_mode & 0o777) != mode:
+        os.chmod(path, mode)
+
+
+def _fsync_directory(directory: Path, posix: bool) -> None:
+    """Make a rename durable. Directories cannot be opened for fsync on Windows."""
+    if not posix:
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_error(
+    exc: OSError, action: str, path: Path, existing: list[tuple[int, Path]]
+) -> SnapshotError:
+    code = errno.errorcode.get(exc.errno or 0, "error")
+    kept = f"generation {existing[-1][0]} is kept" if existing else "no earlier generation exists"
+    return SnapshotError(
+        f"cannot {action} snapshot {path.name} in {path.parent}: "
+        f"{exc.strerror or exc} ({code}); {kept}"
+    )
