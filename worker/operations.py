@@ -61,8 +61,8 @@ Op = Generator[ScriptCall[Any], Any, T]
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
 SWEEP_BATCH = 200
 # One export_sessions call reads at most this many sessions or about this many bytes.
-EXPORT_BATCH_SESSIONS = 200
-EXPORT_BATCH_BYTES = 1 << 20
+EXPORT_BATCH_SESSIONS = 100
+EXPORT_BATCH_BYTES = 256 << 10
 
 
 def new_session_id() -> str:

@@ -1,0 +1,123 @@
+"""Snapshot flush and restore at scale, and how long any one server call blocks.
+
+    python bench/snapshots.py [--sessions 10000] [--records 6]
+
+Fills a private Valkey with N sessions (both channels, mixed record sizes),
+then measures flush() (MB/s of the generation written) and, after FLUSHALL,
+restore() (sessions/s). SLOWLOG records every command's server time, so the
+table also shows the longest single server-blocking call of each phase: export
+and restore work in bounded batches, so it must stay small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from worker import (
+    AgentReply,
+    AvatarMessage,
+    Channel,
+    ConversationConfig,
+    ConversationStore,
+    Limits,
+    ToolSummary,
+)
+from worker.embedded import EmbeddedValkey
+
+
+def fill(store: ConversationStore, sessions: int, records: int) -> None:
+    rng = random.Random(3)
+    for n in range(sessions):
+        who = f"{rng.getrandbits(32):08x}-0000-4000-8000-{n:012x}"
+        channel = Channel.PUBLIC if n % 2 else Channel.IM
+        for r in range(records):
+            size = rng.choice([30, 80, 200, 600])
+            if r % 3 == 0:
+                store.record(who, channel, AvatarMessage(text="a" * size))
+            elif r % 3 == 1:
+                store.record(who, channel, AgentReply(text="r" * size))
+            else:
+                store.record(who, channel, ToolSummary(tool="look", summary="t" * size))
+        if n % 500 == 0:
+            print(f"\r  filling {n}/{sessions}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+def server_calls_us(client: object) -> dict[str, list[int]]:
+    """Server time of each of gridmem's calls since the last SLOWLOG reset, by command."""
+    calls: dict[str, list[int]] = {}
+    for entry in client.slowlog_get(1_000_000):  # type: ignore[attr-defined]
+        command = entry["command"]
+        text = command.decode() if isinstance(command, bytes) else str(command)
+        name = text.split(" ")[0].upper()
+        if name in {"EVALSHA", "EVAL", "SCRIPT"}:  # gridmem's calls (inner commands are logged too)
+            calls.setdefault(name, []).append(int(entry["duration"]))
+    return calls
+
+
+def describe(calls: dict[str, list[int]]) -> str:
+    parts = []
+    for name, times in sorted(calls.items()):
+        ordered = sorted(times)
+        parts.append(
+            f"{name} x{len(ordered)}: max {ordered[-1]:,}, median {ordered[len(ordered) // 2]:,}"
+        )
+    return "; ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--records", type=int, default=6, help="records per session")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="gm-bench-snap-", dir="/tmp"))
+    limits = Limits(max_active_sessions=max(10_000, args.sessions))
+    try:
+        with EmbeddedValkey(base / "valkey") as server:
+            client = server.client()
+            client.config_set("slowlog-log-slower-than", 0)
+            client.config_set("slowlog-max-len", 1_000_000)
+            store = ConversationStore(
+                client, ConversationConfig(limits=limits), snapshot_dir=base / "conversations"
+            )
+            fill(store, args.sessions, args.records)
+            client.slowlog_reset()
+            start = time.perf_counter()
+            info = store.flush()
+            flush_s = time.perf_counter() - start
+            flush_calls = server_calls_us(client)
+            assert info is not None
+            client.flushall()
+            client.slowlog_reset()
+            start = time.perf_counter()
+            report = store.restore()
+            restore_s = time.perf_counter() - start
+            restore_calls = server_calls_us(client)
+            assert report.error is None and report.sessions_restored == info.sessions, report
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    mib = info.bytes / 2**20
+    print(f"\n{info.sessions:,} sessions, {args.records} records each; generation {mib:.1f} MiB\n")
+    print(f"{'phase':<10} {'seconds':>8} {'rate':>22}   server time of each call (us)")
+    rows = [
+        ("flush", flush_s, f"{mib / flush_s:>17.1f} MB/s", flush_calls),
+        ("restore", restore_s, f"{info.sessions / restore_s:>11,.0f} sessions/s", restore_calls),
+    ]
+    for phase, seconds, rate, calls in rows:
+        print(f"{phase:<10} {seconds:>8.2f} {rate:>22}   {describe(calls)}")
+    print("\n(SCRIPT: the one-time SCRIPT LOAD of a script on first use; EVALSHA: the batches.)")
+
+
+if __name__ == "__main__":
+    main()
