@@ -616,3 +616,35 @@ def test_snapshot_dir_given_directly(redis: Any, tmp_path: Path) -> None:
     store.record(A, "im", AvatarMessage(text="x"))
     assert store.flush().path.parent == tmp_path / "direct"  # type: ignore[union-attr]
     shutil.rmtree(tmp_path / "direct")
+
+
+def test_older_format_is_migrated(
+    make: Callable[..., ConversationStore], snapdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 0 (a made-up older format: sessions had no receipts, records said "kind" at top)."""
+
+    def lift(old: dict[str, Any]) -> dict[str, Any]:
+        records = [
+            {
+                "seq": r["seq"],
+                "at_ms": r["at_ms"],
+                "record": {k: v for k, v in r.items() if k not in ("seq", "at_ms")},
+            }
+            for r in old["records"]
+        ]
+        return {**old, "records": records, "receipts": {}}
+
+    monkeypatch.setitem(snaps.MIGRATIONS, 0, lift)
+    old_line = _session_line(
+        records=[{"seq": 3, "at_ms": 5, "kind": "avatar_message", "text": "from v0"}]
+    )
+    data = json.loads(old_line)
+    del data["receipts"]
+    write_generation(snapdir, [(json.dumps(data) + "\n").encode()], version=0)
+    store = make()
+    report = store.restore()
+    assert report.error is None and report.generation == 1 and report.sessions_restored == 1
+    assert [m.content for m in store.context(A, "im")] == ["from v0"]
+    monkeypatch.delitem(snaps.MIGRATIONS, 0)
+    store.redis.flushall()
+    assert [(q.cause) for q in store.restore().quarantined] == ["unsupported_version"]

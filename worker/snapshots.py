@@ -271,6 +271,7 @@ class ValidatedGeneration:
 
     generation: int
     path: Path
+    version: int  # the format version its lines are in
     lines: list[tuple[int, int, int]] = field(default_factory=list)  # (last active, offset, length)
 
 
@@ -441,7 +442,7 @@ class SnapshotDirectory:
             return self._validate_sessions(header, fh, path)
 
     def _validate_sessions(self, header: Header, fh: IO[bytes], path: Path) -> ValidatedGeneration:
-        result = ValidatedGeneration(header.generation, path)
+        result = ValidatedGeneration(header.generation, path, header.version)
         seen: set[str] = set()
         offset = HEADER_SIZE
         for line in fh:
@@ -469,10 +470,11 @@ class SnapshotDirectory:
         check_session(session, self.limits, self.redactor)
         return session
 
-    def read_line(self, path: Path, offset: int, length: int) -> SnapshotSession:
-        with path.open("rb") as fh:
+    def read_session(self, valid: ValidatedGeneration, offset: int, length: int) -> SnapshotSession:
+        """One session of a validated generation (checked again: it is about to be written)."""
+        with valid.path.open("rb") as fh:
             fh.seek(offset)
-            return self.parse_line(fh.read(length))
+            return self.parse_line(fh.read(length), valid.version)
 
     def quarantine(self, path: Path) -> None:
         """Move a failed generation aside (bounded: oldest quarantined files go first)."""

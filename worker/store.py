@@ -267,7 +267,7 @@ class ConversationStore:
         """Oldest activity first, so eviction (if limits were lowered) keeps the newest."""
         now = self.clock.wall_ms()
         for _, offset, length in valid.lines:
-            session = snapshots.read_line(valid.path, offset, length)
+            session = snapshots.read_session(valid, offset, length)
             age = snapshot_age_ms(session.last_active_at_ms, now)
             if snapshot_expired(session, now):
                 report.sessions_expired += 1
