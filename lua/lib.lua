@@ -16,8 +16,11 @@ local LIMIT_FIELDS = {
   'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
 }
 local H = '[0-9a-f]'
-local MEMBER_PATTERN = '^(' .. string.rep(H, 8) .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 4)
-  .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 12) .. '):(%l+)$'
+local UUID_BODY = string.rep(H, 8) .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 4)
+  .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 12)
+-- A canonical (lowercase) avatar UUID, and a session member '<uuid>:<channel>'.
+local UUID_PATTERN = '^' .. UUID_BODY .. '$'
+local MEMBER_PATTERN = '^(' .. UUID_BODY .. '):(%l+)$'
 -- A session ID: 128 bits as 32 lowercase hex digits.
 local SESSION_ID_PATTERN = '^' .. string.rep(H, 32) .. '$'
 
@@ -138,6 +141,13 @@ local function session_keys(prefix, member)
     keys[i] = base .. part
   end
   return keys
+end
+
+-- The worker service's per-conversation keys, inside the inbound stream's hash tag
+-- (prefix '{gm:inbound}:'): the mailbox (list of entry IDs, arrival order) and
+-- the owner lease (string: the worker answering it).
+local function mailbox_keys(prefix, member)
+  return prefix .. 'mbox:' .. member, prefix .. 'owner:' .. member
 end
 
 -- The shard context every session-ending script builds from its KEYS and ARGV:

@@ -17,7 +17,7 @@
 -- KEYS[9]  = gm:{shard}:seq                    (string) sequence counter
 -- KEYS[10] = gm:{shard}:clock                  (hash)   clock domain
 -- KEYS[11] = gm:{shard}:events                 (stream) events
--- KEYS[12] = gm:{shard}:stats                  (hash)   bytes: the shard's stored bytes
+-- KEYS[12] = gm:{shard}:stats                  (hash)   bytes (stored), redactions (made)
 -- ARGV[1]  = now_mono (integer ms, caller's monotonic clock)
 -- ARGV[2]  = now_wall (integer ms since the epoch)
 -- ARGV[3]  = boot_id of the caller's monotonic clock
@@ -106,6 +106,7 @@ keep_session_bounds(shard, s, sid, member, limits)
 local bytes = s.turn_bytes + s.summary_bytes
 redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
 local total = redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes)
+if redactions > 0 then redis.call('HINCRBY', shard.stats, 'redactions', redactions) end
 
 -- evict: only a new session or a larger total can have crossed a shard bound
 if new_session == 1 or total > limits.max_aggregate_bytes then

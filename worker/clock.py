@@ -101,3 +101,30 @@ class ManualClock:
         """Simulate a host reboot: a new monotonic domain starting at `monotonic_ms`."""
         self._boot_id = boot_id
         self._mono = monotonic_ms
+
+
+class ScaledClock:
+    """The host's clocks running `speed` times faster, the same in every process.
+
+    For demos and tests of the service: with speed 120, thirty minutes of
+    inactivity pass in fifteen seconds. Monotonic time is scaled from the host's
+    monotonic zero and wall time from `wall_origin_ms`, so processes started at
+    different moments agree. Its boot id names the scaled domain.
+    """
+
+    def __init__(self, speed: float, wall_origin_ms: int) -> None:
+        if speed < 1:
+            raise ValueError("speed must be at least 1")
+        self.speed = speed
+        self._wall_origin = wall_origin_ms
+        self._boot_id = f"{_read_boot_id()}-x{speed:g}"
+
+    def monotonic_ms(self) -> int:
+        return int(time.monotonic_ns() * self.speed) // 1_000_000
+
+    def wall_ms(self) -> int:
+        real = time.time_ns() // 1_000_000
+        return self._wall_origin + int((real - self._wall_origin) * self.speed)
+
+    def boot_id(self) -> str:
+        return self._boot_id

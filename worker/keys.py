@@ -15,6 +15,11 @@ Layout (namespace "gm", shard 0):
     gm:{0}:stats                        hash    bytes: the shard's stored bytes, kept exact
     gm:{0}:restored                     string  generation restored from (snapshots)
 
+    gm:inbound / gm:outbound / gm:dead  stream  the worker service's stream contract
+    {gm:inbound}:ready                  set     conversation keys with inbound entries waiting
+    {gm:inbound}:mbox:<uuid>:<ch>       list    waiting entry IDs of one key, arrival order
+    {gm:inbound}:owner:<uuid>:<ch>      string  the worker answering that key (a lease)
+
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
 live in the same shard. lua/lib.lua rebuilds a session's key names from an
@@ -65,6 +70,20 @@ class ShardKeys:
         return self.lru_public if channel is Channel.PUBLIC else self.lru_im
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceKeys:
+    """Stream contract (DESIGN section 11) plus the per-key mailboxes' index.
+
+    Mailboxes `{gm:inbound}:mbox:<uuid>:<ch>` and owner leases
+    `{gm:inbound}:owner:<uuid>:<ch>` are named in Lua (lib.lua mailbox_keys).
+    """
+
+    inbound: str
+    outbound: str
+    dead: str
+    ready: str
+
+
 class KeySpace:
     """Key names for one namespace and shard count."""
 
@@ -95,9 +114,16 @@ class KeySpace:
         keys = SessionKeys(member, *(base + part for part in SESSION_PARTS))
         return keys, self._shard_keys[shard]
 
-    def stream(self, name: str) -> str:
-        """Service streams (inbound, outbound, dead) live outside the shards: `gm:inbound`."""
-        return f"{self.namespace}:{name}"
+    def service(self) -> ServiceKeys:
+        """The worker service's streams and bookkeeping (outside the session shards)."""
+        inbound = f"{self.namespace}:inbound"
+        return ServiceKeys(
+            inbound=inbound,
+            outbound=f"{self.namespace}:outbound",
+            dead=f"{self.namespace}:dead",
+            # in the inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
+            ready=f"{{{inbound}}}:ready",
+        )
 
     def _build_shard(self, shard: int) -> ShardKeys:
         p = self.prefix(shard)

@@ -36,6 +36,7 @@ from worker.scripts import (
     ClockReading,
     ExportReply,
     MetaRow,
+    RecordReply,
     ScriptCall,
     Scripts,
     limits_packet,
@@ -95,6 +96,13 @@ class Operations:
     def record(
         self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
     ) -> Op[Receipt]:
+        receipt, _ = yield from self.record_checked(avatar_uuid, channel, record, idempotency_key_)
+        return receipt
+
+    def record_checked(
+        self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
+    ) -> Op[tuple[Receipt, bool]]:
+        """record(), also saying whether the idempotency key had been seen (nothing stored)."""
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
@@ -111,13 +119,19 @@ class Operations:
             max_events=self.config.limits.max_events,
             limits=self._limits_packet,
         )
-        return Receipt(
-            session_id=reply.session_id,
-            seq=reply.seq,
-            new_session=reply.new_session,
-            redactions=reply.redactions,
-            truncated=reply.truncated,
-        )
+        return _receipt(reply), reply.duplicate
+
+    def receipt(
+        self, avatar_uuid: object, channel: object, idempotency_key_: object
+    ) -> Op[Receipt | None]:
+        """The receipt kept for an idempotency key in the live session, or None."""
+        uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
+        key = idempotency_key(idempotency_key_)
+        if not key:
+            raise InvalidInput("idempotency_key", "must be given")
+        session, shard = self.keys.session(uuid, ch)
+        reply = yield self.scripts.read_receipt(session, shard, shard.lru(ch), self._now(), key=key)
+        return None if reply is None else _receipt(reply)
 
     def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
@@ -295,6 +309,16 @@ class Operations:
         if len(parts) != self.keys.shards:
             raise InvalidInput("after", "must be None or an event id as returned by events()")
         return [stream_id(p, "after") if p else "" for p in parts]
+
+
+def _receipt(reply: RecordReply) -> Receipt:
+    return Receipt(
+        session_id=reply.session_id,
+        seq=reply.seq,
+        new_session=reply.new_session,
+        redactions=reply.redactions,
+        truncated=reply.truncated,
+    )
 
 
 def _metadata(row: MetaRow) -> SessionMetadata:

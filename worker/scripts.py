@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from worker.config import Limits
-from worker.keys import SessionKeys, ShardKeys
+from worker.keys import ServiceKeys, SessionKeys, ShardKeys
 
 T = TypeVar("T")
 Arg = str | int | bytes
@@ -35,6 +35,16 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "restore_session",
     "publish_event",
     "mark_restored",
+    "read_receipt",
+    "ensure_group",
+    "take_inbound",
+    "claim_key",
+    "finish_entry",
+    "renew_lease",
+    "orphaned_keys",
+    "read_inbound",
+    "dead_letter",
+    "publish_reply",
 )
 
 # The limits packet record_turn reads (lib.lua LIMIT_FIELDS, same order).
@@ -158,6 +168,14 @@ def _parse_record(raw: Sequence[Any]) -> RecordReply:
     return RecordReply(text(sid), int(seq), bool(new), bool(dup), int(red), bool(trunc))
 
 
+def _parse_receipt(raw: Sequence[Any]) -> RecordReply | None:
+    sid, receipt = text(raw[0]), text(raw[1])
+    if not sid:
+        return None
+    seq, new, red, trunc = receipt.split(":")
+    return RecordReply(sid, int(seq), new == "1", True, int(red), trunc == "1")
+
+
 @dataclass(frozen=True, slots=True)
 class ContextReply:
     session_id: str  # '' when there is no live session
@@ -243,6 +261,39 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
             )
         )
     return ExportReply(text(raw[0]), sessions)
+
+
+@dataclass(frozen=True, slots=True)
+class TakenEntry:
+    entry_id: str
+    member: str  # '' when the entry could not be filed
+    reason: str  # dead-letter code when member is ''
+
+
+def _parse_taken(raw: Sequence[Any]) -> list[TakenEntry]:
+    return [TakenEntry(text(i), text(m), text(r)) for i, m, r in raw]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStep:
+    """claim_key / finish_entry: what the worker does next with a key."""
+
+    state: str  # ok | busy | empty | released | done | lost
+    entry_id: str = ""
+
+
+def _parse_step(raw: Sequence[Any]) -> KeyStep:
+    values = [text(v) for v in raw]
+    return KeyStep(values[0], values[1] if len(values) > 1 else "")
+
+
+def _parse_fields(raw: Sequence[Any]) -> dict[str, str]:
+    values = [text(v) for v in raw]
+    return dict(zip(values[0::2], values[1::2], strict=True))
+
+
+def _parse_texts(raw: Sequence[Any]) -> list[str]:
+    return [text(v) for v in raw]
 
 
 class Scripts:
@@ -469,10 +520,97 @@ class Scripts:
             idempotent=False,  # a resend would publish the event twice
         )
 
+    def read_receipt(
+        self, session: SessionKeys, shard: ShardKeys, lru: str, clock: ClockReading, *, key: str
+    ) -> ScriptCall[RecordReply | None]:
+        return self._call(
+            "read_receipt",
+            (session.meta, session.idem, lru, shard.clock),
+            (*clock.args(), session.member, key),
+            _parse_receipt,
+        )
+
     def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
         return self._call(
             "mark_restored",
             (shard.restored,),
             ("" if generation is None else generation,),
             text,
+        )
+
+    # -- the worker service ------------------------------------------------------------
+
+    def ensure_group(self, service: ServiceKeys, *, group: str) -> ScriptCall[bool]:
+        return self._call("ensure_group", (service.inbound,), (group,), bool)
+
+    def take_inbound(
+        self, service: ServiceKeys, *, group: str, consumer: str, count: int
+    ) -> ScriptCall[list[TakenEntry]]:
+        return self._call(
+            "take_inbound",
+            (service.inbound, service.ready),
+            (group, consumer, count),
+            _parse_taken,
+            # a resend would read further entries; the first batch is filed anyway
+            idempotent=False,
+        )
+
+    def claim_key(
+        self, service: ServiceKeys, *, member: str, owner: str, lease_ms: int
+    ) -> ScriptCall[KeyStep]:
+        return self._call("claim_key", (service.ready,), (member, owner, lease_ms), _parse_step)
+
+    def finish_entry(
+        self,
+        service: ServiceKeys,
+        *,
+        group: str,
+        entry_id: str,
+        member: str,
+        owner: str,
+        lease_ms: int,
+        release: bool,
+    ) -> ScriptCall[KeyStep]:
+        return self._call(
+            "finish_entry",
+            (service.inbound, service.ready),
+            (group, entry_id, member, owner, lease_ms, int(release)),
+            _parse_step,
+        )
+
+    def renew_lease(
+        self, service: ServiceKeys, *, member: str, owner: str, lease_ms: int
+    ) -> ScriptCall[bool]:
+        return self._call("renew_lease", (service.ready,), (member, owner, lease_ms), bool)
+
+    def orphaned_keys(self, service: ServiceKeys, *, sample: int) -> ScriptCall[list[str]]:
+        return self._call("orphaned_keys", (service.ready,), (sample,), _parse_texts)
+
+    def read_inbound(self, service: ServiceKeys, *, entry_id: str) -> ScriptCall[dict[str, str]]:
+        return self._call("read_inbound", (service.inbound,), (entry_id,), _parse_fields)
+
+    def dead_letter(
+        self, service: ServiceKeys, *, entry_id: str, reason: str, max_entries: int
+    ) -> ScriptCall[str]:
+        return self._call(
+            "dead_letter", (service.dead,), (entry_id, reason, max_entries), text, idempotent=False
+        )
+
+    def publish_reply(
+        self,
+        service: ServiceKeys,
+        *,
+        avatar_uuid: str,
+        channel: str,
+        text_: str,
+        in_reply_to: str,
+        session_id: str,
+        max_entries: int,
+    ) -> ScriptCall[str]:
+        return self._call(
+            "publish_reply",
+            (service.outbound,),
+            (avatar_uuid, channel, text_, in_reply_to, session_id, max_entries),
+            text,
+            idempotent=False,  # a resend would publish the reply twice
         )

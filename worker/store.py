@@ -14,7 +14,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio as redis_async
 import tenacity
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -33,7 +35,7 @@ from worker.records import (
     TurnPage,
 )
 from worker.redaction import DEFAULT_REDACTOR
-from worker.scripts import ScriptCall
+from worker.scripts import ScriptCall, Scripts
 from worker.snapshots import (
     QuarantinedGeneration,
     RestoreReport,
@@ -70,6 +72,11 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
     what is safe to resend (see ConversationStore._run).
     """
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+
+
+def connect_async(url: str, **kwargs: Any) -> redis_async.Redis:
+    """connect() for asyncio: each worker process builds its own after it starts."""
+    return redis_async.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **kwargs)
 
 
 def translate(exc: redis.ResponseError) -> Exception:
@@ -173,6 +180,10 @@ class ConversationStore:
         """Events oldest first; pass the last Event.id seen as `after` to follow the stream."""
         return self._drive(self._ops.events(after, count))
 
+    def receipt(self, avatar_uuid: str, channel: str, idempotency_key: str) -> Receipt | None:
+        """The receipt of a recorded idempotency key in the live session, or None."""
+        return self._drive(self._ops.receipt(avatar_uuid, channel, idempotency_key))
+
     def flush(self) -> SnapshotInfo | None:
         """Write every live session to a new snapshot generation; None when persistence is off.
 
@@ -211,6 +222,15 @@ class ConversationStore:
         except Exception as exc:  # start-up must go on: say what happened instead
             report.error = f"{type(exc).__name__}: {exc}"
         return report
+
+    @property
+    def scripts(self) -> Scripts:
+        return self._ops.scripts
+
+    def run(self, call: ScriptCall[T]) -> T:
+        """Run one script call (the supervisor's stream set-up goes through here)."""
+        result: T = self._run(call)
+        return result
 
     def close(self) -> None:
         self.redis.close()
@@ -323,6 +343,128 @@ class ConversationStore:
                 if not call.idempotent:
                     raise
                 raw = self._retrying(script, keys=call.keys, args=call.args)
+        except redis.ResponseError as exc:
+            raise translate(exc) from None
+        return call.parse(raw)
+
+
+class AsyncConversationStore:
+    """The same store as coroutines over `redis.asyncio`, for the worker service.
+
+    It drives the very same operations (worker/operations.py) as
+    ConversationStore: keys, scripts, validation, redaction, encoding and
+    decoding exist once. Snapshots are taken with the blocking store (the
+    supervisor does), since they are file work.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis_async.Redis,
+        config: ConversationConfig | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.redis = redis_client
+        self.config = config or ConversationConfig()
+        self.clock: Clock = clock or SystemClock()
+        self._ops = Operations(self.config, self.clock)
+        self._bound: dict[str, Any] = {}
+        self._retrying = tenacity.AsyncRetrying(**retry_policy())
+
+    async def record(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        return await self._drive(self._ops.record(avatar_uuid, channel, record, idempotency_key))
+
+    async def record_checked(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        idempotency_key: str | None = None,
+    ) -> tuple[Receipt, bool]:
+        """record(), and whether the idempotency key had been seen before (nothing stored)."""
+        return await self._drive(
+            self._ops.record_checked(avatar_uuid, channel, record, idempotency_key)
+        )
+
+    async def context(self, avatar_uuid: str, channel: str) -> list[ContextMessage]:
+        return await self._drive(self._ops.context(avatar_uuid, channel))
+
+    async def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
+        return await self._drive(self._ops.list_metadata(cursor, limit))
+
+    async def read_page(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        anchor: int | None = None,
+        direction: str = "backward",
+        limit: int = 50,
+    ) -> TurnPage:
+        return await self._drive(
+            self._ops.read_page(avatar_uuid, channel, anchor, direction, limit)
+        )
+
+    async def delete(self, avatar_uuid: str, channel: str) -> bool:
+        return await self._drive(
+            self._ops.end_session(avatar_uuid, channel, ReasonCode.DELETED_OPERATOR)
+        )
+
+    async def expire(self, avatar_uuid: str, channel: str) -> bool:
+        return await self._drive(
+            self._ops.end_session(avatar_uuid, channel, ReasonCode.EXPIRED_OPERATOR)
+        )
+
+    async def sweep(self, limit: int = 1000) -> int:
+        return await self._drive(self._ops.sweep(limit))
+
+    async def events(self, after: str | None = None, count: int = 100) -> list[Event]:
+        return await self._drive(self._ops.events(after, count))
+
+    async def receipt(self, avatar_uuid: str, channel: str, idempotency_key: str) -> Receipt | None:
+        return await self._drive(self._ops.receipt(avatar_uuid, channel, idempotency_key))
+
+    @property
+    def scripts(self) -> Scripts:
+        return self._ops.scripts
+
+    def stored_text(self, text: str) -> str:
+        """What record() would keep of an agent reply: cleaned, redacted, bounded."""
+        return self._ops.prepare.text(text, "text", self.config.limits.max_text_bytes)[0]
+
+    async def run(self, call: ScriptCall[T]) -> T:
+        """Run one script call (the service's stream scripts go through here too)."""
+        result: T = await self._run(call)
+        return result
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def _drive(self, op: Op[T]) -> T:
+        try:
+            call = next(op)  # validation runs here, before any command
+            while True:
+                call = op.send(await self._run(call))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    async def _run(self, call: ScriptCall[Any]) -> Any:
+        script = self._bound.get(call.script.name)
+        if script is None:
+            script = self._bound[call.script.name] = self.redis.register_script(call.script.source)
+        try:
+            try:
+                raw = await script(keys=call.keys, args=call.args)
+            except RETRYABLE:
+                if not call.idempotent:
+                    raise
+                raw = await self._retrying(script, keys=call.keys, args=call.args)
         except redis.ResponseError as exc:
             raise translate(exc) from None
         return call.parse(raw)

@@ -1,0 +1,23 @@
+-- publish_reply: put the agent's visible (redacted) reply on the outbound stream for the bridge.
+-- KEYS[1] = gm:outbound  (stream)  replies, read by the grid bridge
+-- ARGV[1] = avatar UUID (canonical)
+-- ARGV[2] = channel: public or im
+-- ARGV[3] = text (already redacted and bounded, as stored)
+-- ARGV[4] = in_reply_to: the inbound entry ID answered
+-- ARGV[5] = session ID
+-- ARGV[6] = max_entries (approximate MAXLEN: the bridge reads as they come)
+-- Returns: the outbound entry's ID
+-- Errors:  "GM_BADARG <field>" on a malformed argument
+
+local uuid = arg_str('avatar_uuid', ARGV[1], UUID_PATTERN)
+local channel = arg_str('channel', ARGV[2], '^%l+$')
+if TTL_MS[channel] == nil then bad_field = bad_field or 'channel' end
+local text = ARGV[3] or ''
+local in_reply_to = arg_str('in_reply_to', ARGV[4], '^%d+%-%d+$')
+local sid = arg_str('session_id', ARGV[5], SESSION_ID_PATTERN)
+local max_entries = arg_int('max_entries', ARGV[6], 1)
+local err = arg_error()
+if err then return err end
+
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', max_entries, '*', 'avatar_uuid', uuid,
+  'channel', channel, 'text', text, 'in_reply_to', in_reply_to, 'session_id', sid)

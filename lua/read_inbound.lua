@@ -1,0 +1,14 @@
+-- read_inbound: the fields of one inbound entry.
+-- Read-only.
+-- KEYS[1] = gm:inbound  (stream)  inbound entries
+-- ARGV[1] = entry ID
+-- Returns: {field, value, ...}, or {} if the entry is gone
+-- Errors:  "GM_BADARG <field>" on a malformed argument
+
+local id = arg_str('entry_id', ARGV[1], '^%d+%-%d+$')
+local err = arg_error()
+if err then return err end
+
+local found = redis.call('XRANGE', KEYS[1], id, id)
+if #found == 0 then return {} end
+return found[1][2]

@@ -1,0 +1,135 @@
+"""Talking to the language model: any OpenAI-compatible endpoint, or the offline responder.
+
+The API key is read from the environment variable the settings name, sent as a
+bearer token, and never stored or logged. Timeouts, transport errors, 429 and
+5xx are retried with exponential backoff a bounded number of times; after that
+the caller gets LlmUnavailable and answers the resident with FAILURE_NOTICE.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import httpx
+import tenacity
+
+from worker.config import LlmSettings
+
+FAILURE_NOTICE = (
+    "(Sorry, I can't answer right now: my language model is not responding. "
+    "Please try again in a moment.)"
+)
+OFFLINE_LABEL = "(offline responder: no language model is configured)"
+
+Message = dict[str, str]
+
+
+class LlmUnavailable(Exception):
+    """The model did not answer usefully, retries included. Carries no content."""
+
+
+class _Retryable(LlmUnavailable):
+    """A failure worth another try: timeout, transport error, 429, 5xx."""
+
+
+class ChatClient(Protocol):
+    name: str
+
+    async def complete(self, messages: list[Message]) -> str:
+        """The assistant's reply to `messages` (system prompt first)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class OpenAICompatible:
+    """POST {base_url}/chat/completions, as OpenAI, vLLM, llama.cpp, Ollama and others serve it."""
+
+    name = "openai-compatible"
+
+    def __init__(self, settings: LlmSettings, transport: httpx.AsyncBaseTransport | None = None):
+        if settings.base_url is None:
+            raise ValueError("llm.base_url is not set")
+        headers = {}
+        key = os.environ.get(settings.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self.model = settings.model
+        self._http = httpx.AsyncClient(
+            base_url=settings.base_url.rstrip("/"),
+            timeout=settings.timeout_seconds,
+            headers=headers,
+            transport=transport,
+        )
+        self._retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_after_attempt(settings.max_retries + 1),
+            wait=tenacity.wait_exponential(multiplier=settings.retry_wait_seconds, max=30)
+            + tenacity.wait_random(0, settings.retry_wait_seconds / 2),
+            reraise=True,
+        )
+
+    async def complete(self, messages: list[Message]) -> str:
+        reply: str = await self._retrying(self._once, messages)
+        return reply
+
+    async def _once(self, messages: list[Message]) -> str:
+        try:
+            response = await self._http.post(
+                "/chat/completions", json={"model": self.model, "messages": messages}
+            )
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise _Retryable(type(exc).__name__) from None
+        if response.status_code == 429 or response.status_code >= 500:
+            raise _Retryable(f"HTTP {response.status_code}")
+        if response.status_code >= 400:
+            raise LlmUnavailable(f"HTTP {response.status_code}")
+        return _content(response)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _content(response: httpx.Response) -> str:
+    try:
+        data: Any = response.json()
+        content = data["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise LlmUnavailable("malformed response") from None
+    if not isinstance(content, str) or not content.strip():
+        raise LlmUnavailable("empty response")
+    return content
+
+
+class OfflineResponder:
+    """A deterministic stand-in when no endpoint is configured. It says what it is.
+
+    It answers from the context it was given only, so it can never show one
+    resident another's words.
+    """
+
+    name = "offline"
+
+    async def complete(self, messages: list[Message]) -> str:
+        return offline_reply(messages)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def offline_reply(messages: list[Message]) -> str:
+    said = [m["content"] for m in messages if m["role"] == "user"]
+    last = said[-1] if said else ""
+    if len(last) > 200:
+        last = last[:200] + "..."
+    earlier = len([m for m in messages if m["role"] != "system"]) - 1
+    return (
+        f'{OFFLINE_LABEL} You said: "{last}". I remember {max(earlier, 0)} earlier messages here.'
+    )
+
+
+def build_chat_client(settings: LlmSettings) -> ChatClient:
+    if settings.base_url is None:
+        return OfflineResponder()
+    return OpenAICompatible(settings)

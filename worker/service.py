@@ -1,0 +1,383 @@
+"""One worker process: inbound stream -> store -> LLM -> store -> outbound stream.
+
+Every worker reads the inbound stream through one consumer group. Reading files
+each entry under its conversation key (avatar UUID, channel) in arrival order,
+in the same atomic step (take_inbound.lua); a worker then takes a lease on a key
+(claim_key.lua) and answers that key's entries one after another, oldest first,
+while other keys are answered concurrently (up to `worker.concurrency` LLM calls
+in flight). So one key's messages are never processed at the same time anywhere
+and are answered in arrival order, however many processes or hosts run.
+
+Per entry: record the avatar's words (idempotency key = entry ID), build the
+context, ask the LLM with the configured system prompt, record the visible reply
+(idempotency key = entry ID + ":reply"), publish the reply (as stored: redacted)
+on the outbound stream, then acknowledge and delete the entry. A crash anywhere
+is safe: the lease runs out, another worker claims the key and redoes the entry;
+the idempotency keys keep the store exactly-once, and a reply already recorded
+is re-published rather than asked again (outbound is at-least-once; the bridge
+can drop repeats by `in_reply_to`). Malformed entries go to the dead-letter
+stream with a reason code, never their text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+from collections import Counter
+from typing import Any
+
+import redis
+
+from worker.clock import Clock, ScaledClock, SystemClock
+from worker.config import Settings, WorkerSettings
+from worker.errors import InputTooLarge, InvalidInput
+from worker.keys import KeySpace
+from worker.llm import FAILURE_NOTICE, ChatClient, LlmUnavailable, build_chat_client
+from worker.records import AgentReply, AvatarMessage
+from worker.store import RETRYABLE, AsyncConversationStore, connect_async
+from worker.validate import canonical_uuid, parse_channel
+
+log = logging.getLogger("gridmem.worker")
+
+GROUP = "workers"
+TAKE_COUNT = 100  # inbound entries filed per take_inbound call
+DEAD_MAX_ENTRIES = 10_000  # dead-letter stream, exact MAXLEN
+OUTBOUND_MAX_ENTRIES = 100_000  # outbound stream, approximate MAXLEN
+INBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "avatar_name"})
+ORPHAN_SAMPLE = 100
+
+
+class Rejected(Exception):
+    """An inbound entry that cannot be answered; `reason` is its dead-letter code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, str, str]:
+    """(avatar UUID, channel, text) of a well-formed inbound entry, else Rejected."""
+    if not fields:
+        raise Rejected("gone")
+    if set(fields) - INBOUND_FIELDS:
+        raise Rejected("unknown_field")
+    text = fields.get("text")
+    if not text or not text.strip():
+        raise Rejected("missing_text")
+    if (
+        len(text) > max_input_bytes
+        or len(text.encode("utf-8", "surrogateescape")) > max_input_bytes
+    ):
+        raise Rejected("oversized")
+    try:
+        uuid = canonical_uuid(fields.get("avatar_uuid"))
+    except InvalidInput:
+        raise Rejected("bad_uuid") from None
+    try:
+        channel = parse_channel(fields.get("channel")).value
+    except InvalidInput:
+        raise Rejected("bad_channel") from None
+    return uuid, channel, text
+
+
+def make_clock(settings: WorkerSettings) -> Clock:
+    if settings.clock_speed == 1:
+        return SystemClock()
+    origin = settings.clock_origin_ms if settings.clock_origin_ms is not None else 0
+    return ScaledClock(settings.clock_speed, origin)
+
+
+def worker_name() -> str:
+    raw = f"{socket.gethostname()}-{os.getpid()}"
+    return re.sub(r"[^A-Za-z0-9_.:\-]", "_", raw)[:100]
+
+
+class Worker:
+    """Answers inbound entries until stop() is called; then finishes what it holds."""
+
+    def __init__(
+        self,
+        store: AsyncConversationStore,
+        chat: ChatClient,
+        settings: Settings,
+        name: str | None = None,
+    ) -> None:
+        self.store = store
+        self.chat = chat
+        self.settings = settings
+        self.name = name or worker_name()
+        conversation = settings.conversation
+        self.keys = KeySpace(conversation.namespace, conversation.shards).service()
+        self.scripts = store.scripts
+        self.lease_ms = int(settings.worker.lease_seconds * 1000)
+        self.stats: Counter[str] = Counter()
+        self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(settings.worker.concurrency)
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._recheck: set[str] = set()
+        # Keys this worker may hold at once: enough to keep every slot busy, few
+        # enough that a burst spreads over all workers instead of one taking it all.
+        self._max_keys = 2 * settings.worker.concurrency
+        self._key_done = asyncio.Event()
+        self._last_seen = "0-0"
+
+    def stop(self) -> None:
+        """Stop taking work; entries in hand are finished and their keys released."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await self.store.run(self.scripts.ensure_group(self.keys, group=GROUP))
+        orphans = asyncio.create_task(self._adopt_orphans())
+        try:
+            while not self._stopping.is_set():
+                room = self._max_keys - len(self._active)
+                if room <= 0:
+                    self._key_done.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._key_done.wait(), 1.0)
+                    continue
+                try:
+                    taken = await self._take(min(TAKE_COUNT, room))
+                    if not taken:
+                        await self._wait_for_inbound()
+                except RETRYABLE:
+                    log.warning("redis unreachable; retrying")
+                    await self._pause(1.0)
+        finally:
+            orphans.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await orphans
+            if self._active:
+                await asyncio.gather(*self._active.values(), return_exceptions=True)
+
+    # -- taking work ------------------------------------------------------------------
+
+    async def _take(self, count: int) -> int:
+        call = self.scripts.take_inbound(self.keys, group=GROUP, consumer=self.name, count=count)
+        try:
+            taken = await self.store.run(call)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # the server lost its data (restarted without persistence): start over
+            await self.store.run(self.scripts.ensure_group(self.keys, group=GROUP))
+            return 0
+        for entry in taken:
+            self._last_seen = max(self._last_seen, entry.entry_id, key=_stream_order)
+            if entry.member:
+                self._start(entry.member)
+            else:
+                await self._dead_letter(entry.entry_id, entry.reason, member="")
+        return len(taken)
+
+    async def _wait_for_inbound(self) -> None:
+        """Block (up to a second) until the stream has entries past the last one seen."""
+        found: Any = await self.store.redis.xread(
+            {self.keys.inbound: self._last_seen}, count=100, block=1000
+        )
+        for entry_id in _entry_ids(found):
+            self._last_seen = max(self._last_seen, entry_id, key=_stream_order)
+
+    async def _adopt_orphans(self) -> None:
+        """Keys whose worker died (lease expired) are picked up here."""
+        interval = max(0.5, self.settings.worker.lease_seconds / 3)
+        while not self._stopping.is_set():
+            with contextlib.suppress(*RETRYABLE):
+                call = self.scripts.orphaned_keys(self.keys, sample=ORPHAN_SAMPLE)
+                for member in await self.store.run(call):
+                    self._start(member)
+            await self._pause(interval)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait, but wake at once on stop()."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    # -- one key at a time ----------------------------------------------------------------
+
+    def _start(self, member: str) -> None:
+        if self._stopping.is_set():
+            return
+        if member in self._active:
+            self._recheck.add(member)  # its task may be just releasing the key
+            return
+        self._active[member] = asyncio.create_task(self._answer_key(member))
+
+    async def _answer_key(self, member: str) -> None:
+        try:
+            step = await self.store.run(
+                self.scripts.claim_key(
+                    self.keys, member=member, owner=self.name, lease_ms=self.lease_ms
+                )
+            )
+            renewer = asyncio.create_task(self._renew(member))
+            try:
+                while step.state == "ok":
+                    async with self._slots:
+                        await self._answer_entry(member, step.entry_id)
+                    step = await self._finish(step.entry_id, member)
+            finally:
+                renewer.cancel()
+        except RETRYABLE:
+            log.warning("redis unreachable while answering a key; its lease will expire")
+        except Exception:
+            log.exception("unexpected error while answering a key")
+        finally:
+            del self._active[member]
+            self._key_done.set()
+            if member in self._recheck:
+                self._recheck.discard(member)
+                self._start(member)
+
+    async def _renew(self, member: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            with contextlib.suppress(*RETRYABLE):
+                await self.store.run(
+                    self.scripts.renew_lease(
+                        self.keys, member=member, owner=self.name, lease_ms=self.lease_ms
+                    )
+                )
+
+    async def _finish(self, entry_id: str, member: str) -> Any:
+        return await self.store.run(
+            self.scripts.finish_entry(
+                self.keys,
+                group=GROUP,
+                entry_id=entry_id,
+                member=member,
+                owner=self.name,
+                lease_ms=self.lease_ms,
+                release=self._stopping.is_set(),
+            )
+        )
+
+    async def _dead_letter(self, entry_id: str, reason: str, *, member: str) -> None:
+        await self.store.run(
+            self.scripts.dead_letter(
+                self.keys, entry_id=entry_id, reason=reason, max_entries=DEAD_MAX_ENTRIES
+            )
+        )
+        self.stats["dead_lettered"] += 1
+        log.info("entry %s dead-lettered: %s", entry_id, reason)
+        if not member:
+            await self._finish(entry_id, "")
+
+    # -- one entry ---------------------------------------------------------------------------
+
+    async def _answer_entry(self, member: str, entry_id: str) -> None:
+        fields = await self.store.run(self.scripts.read_inbound(self.keys, entry_id=entry_id))
+        limits = self.settings.conversation.limits
+        try:
+            uuid, channel, text = check_inbound(fields, limits.max_input_bytes)
+            _, seen = await self.store.record_checked(
+                uuid, channel, AvatarMessage(text=text), idempotency_key=entry_id
+            )
+        except Rejected as bad:
+            await self._dead_letter(entry_id, bad.reason, member=member)
+            return
+        except InputTooLarge:
+            await self._dead_letter(entry_id, "oversized", member=member)
+            return
+        except InvalidInput:
+            await self._dead_letter(entry_id, "bad_text", member=member)
+            return
+        reply_key = f"{entry_id}:reply"
+        if seen and await self._republish(uuid, channel, entry_id, reply_key):
+            return
+        reply = await self._ask(uuid, channel)
+        reply = reply[: limits.max_input_bytes // 4]  # our own text: cut, never refused
+        answered = await self.store.record(uuid, channel, AgentReply(text=reply), reply_key)
+        await self._publish(
+            uuid, channel, self.store.stored_text(reply), entry_id, answered.session_id
+        )
+        self.stats["answered"] += 1
+
+    async def _ask(self, uuid: str, channel: str) -> str:
+        context = await self.store.context(uuid, channel)
+        messages = [{"role": "system", "content": self.settings.llm.system_prompt}]
+        messages += [m.to_openai() for m in context]
+        try:
+            return await self.chat.complete(messages)
+        except LlmUnavailable as exc:
+            self.stats["llm_failures"] += 1
+            log.warning("LLM unavailable (%s); answering with a failure notice", exc)
+            return FAILURE_NOTICE
+
+    async def _republish(self, uuid: str, channel: str, entry_id: str, reply_key: str) -> bool:
+        """A redelivered entry whose reply was recorded: publish that reply again, once more."""
+        receipt = await self.store.receipt(uuid, channel, reply_key)
+        if receipt is None:
+            return False  # recorded the words, not the reply: answer now
+        page = await self.store.read_page(uuid, channel, receipt.seq - 1, "forward", 1)
+        if page.turns and page.turns[0].seq == receipt.seq:
+            await self._publish(uuid, channel, page.turns[0].text, entry_id, receipt.session_id)
+        self.stats["republished"] += 1
+        return True
+
+    async def _publish(
+        self, uuid: str, channel: str, text: str, entry_id: str, session_id: str
+    ) -> None:
+        await self.store.run(
+            self.scripts.publish_reply(
+                self.keys,
+                avatar_uuid=uuid,
+                channel=channel,
+                text_=text,
+                in_reply_to=entry_id,
+                session_id=session_id,
+                max_entries=OUTBOUND_MAX_ENTRIES,
+            )
+        )
+
+
+def _entry_ids(found: Any) -> list[str]:
+    """Entry IDs of an XREAD reply: RESP2 [[stream, entries]] or RESP3 {stream: [entries]}."""
+    if isinstance(found, dict):
+        groups = [v[0] if v and isinstance(v[0], list) else v for v in found.values()]
+    else:
+        groups = [entries for _, entries in found or ()]
+    return [
+        e[0].decode() if isinstance(e[0], bytes) else str(e[0])
+        for entries in groups
+        for e in entries
+    ]
+
+
+def _stream_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def run_worker_process(settings_data: dict[str, Any], url: str) -> None:
+    """Entry point of one worker process (spawned by the supervisor)."""
+    settings = Settings.model_validate(settings_data)
+    logging.basicConfig(
+        level=settings.worker.log_level,
+        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines: noise
+    asyncio.run(_serve(settings, url))
+
+
+async def _serve(settings: Settings, url: str) -> None:
+    store = AsyncConversationStore(
+        connect_async(url), settings.conversation, clock=make_clock(settings.worker)
+    )
+    chat = build_chat_client(settings.llm)
+    worker = Worker(store, chat, settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    log.info("worker %s started (%s)", worker.name, chat.name)
+    try:
+        await worker.run()
+    finally:
+        await chat.aclose()
+        await store.aclose()
+        log.info("worker %s stopped: %s", worker.name, dict(worker.stats))

@@ -1,0 +1,194 @@
+"""`gridmem serve`: start the store, N worker processes, and look after them.
+
+The supervisor starts a private Valkey when no Redis URL is configured (Unix
+socket under storage_path, directory 0700, persistence off), restores the
+newest snapshot when persistence is on, creates the consumer group, and spawns
+`worker.processes` workers (each builds its own Redis client after it starts).
+It restarts a worker that dies, sweeps idle sessions and flushes snapshots on
+their intervals, and stops gracefully on SIGTERM or SIGINT (workers finish the
+entry in hand, acknowledge it and exit; a last snapshot is flushed) and at
+once on a second signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from worker.config import Settings
+from worker.embedded import EmbeddedValkey
+from worker.keys import KeySpace
+from worker.service import GROUP, make_clock, run_worker_process
+from worker.store import ConversationStore, connect
+
+log = logging.getLogger("gridmem.supervisor")
+
+GRACEFUL_STOP_SECONDS = 30.0
+RESTART_BACKOFF_MAX = 30.0
+
+
+@dataclass
+class Slot:
+    """One worker process and its restart history."""
+
+    process: BaseProcess | None = None
+    restarts: list[float] = field(default_factory=list)
+    not_before: float = 0.0
+
+
+class Supervisor:
+    """Runs the service until stop() (or a signal). Usable from a thread with signals off."""
+
+    def __init__(self, settings: Settings, *, handle_signals: bool = True) -> None:
+        self.settings = settings
+        self.handle_signals = handle_signals
+        self.url: str | None = settings.redis.url
+        self.embedded: EmbeddedValkey | None = None
+        self.store: ConversationStore | None = None
+        self.ready = threading.Event()  # set once the store is up and workers are started
+        self._stop = threading.Event()
+        self._now_stop = threading.Event()
+        self._slots = [Slot() for _ in range(settings.worker.processes)]
+        self._context = multiprocessing.get_context("spawn")
+
+    def stop(self, *, immediately: bool = False) -> None:
+        if self._stop.is_set() or immediately:
+            self._now_stop.set()
+        self._stop.set()
+
+    def run(self) -> int:
+        if self.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        try:
+            self._start_store()
+            self.ready.set()
+            self._supervise()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("signal %s: %s", signum, "stopping now" if self._stop.is_set() else "stopping")
+        self.stop()
+
+    # -- start --------------------------------------------------------------------------
+
+    def _start_store(self) -> None:
+        settings = self.settings
+        if self.url is None:
+            self.embedded = EmbeddedValkey(settings.storage_path / "valkey").start()
+            self.url = self.embedded.url
+            log.info("private Valkey started on %s", self.embedded.socket_path)
+        conversation = settings.conversation
+        snapshot_dir = None
+        if conversation.persistence_enabled:
+            snapshot_dir = settings.storage_path / "conversations"
+        self.store = ConversationStore(
+            connect(self.url),
+            conversation,
+            clock=make_clock(settings.worker),
+            snapshot_dir=snapshot_dir,
+        )
+        if snapshot_dir is not None:
+            report = self.store.restore()
+            log.info("restore: %s", report.model_dump_json(exclude={"quarantined"}))
+            for bad in report.quarantined:
+                log.warning("snapshot generation %d quarantined: %s", bad.generation, bad.cause)
+        service = KeySpace(conversation.namespace, conversation.shards).service()
+        self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
+        for slot in self._slots:
+            self._spawn(slot)
+
+    def _spawn(self, slot: Slot) -> None:
+        assert self.url is not None
+        data = self.settings.model_dump(mode="json")
+        process = self._context.Process(
+            target=run_worker_process, args=(data, self.url), daemon=False
+        )
+        process.start()
+        slot.process = process
+        log.info("worker process %s started", process.pid)
+
+    # -- run --------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        worker = self.settings.worker
+        conversation = self.settings.conversation
+        next_sweep = time.monotonic() + worker.sweep_interval_seconds
+        next_flush = time.monotonic() + conversation.flush_interval_seconds
+        while not self._stop.is_set():
+            sentinels = [s.process.sentinel for s in self._slots if s.process is not None]
+            multiprocessing.connection.wait(sentinels, timeout=0.5)
+            self._restart_dead()
+            now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + worker.sweep_interval_seconds
+                self._maintain("sweep")
+            if conversation.persistence_enabled and now >= next_flush:
+                next_flush = now + conversation.flush_interval_seconds
+                self._maintain("flush")
+
+    def _restart_dead(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            if self._stop.is_set():
+                return
+            process = slot.process
+            if process is not None and not process.is_alive():
+                log.warning("worker process %s exited with %s", process.pid, process.exitcode)
+                process.join()
+                slot.process = None
+                slot.restarts = [t for t in slot.restarts if now - t < 60] + [now]
+                # crash-looping: wait longer before each new try
+                slot.not_before = now + min(
+                    RESTART_BACKOFF_MAX, 0.5 * 2 ** (len(slot.restarts) - 1)
+                )
+            if slot.process is None and now >= slot.not_before:
+                self._spawn(slot)
+
+    def _maintain(self, what: str) -> None:
+        assert self.store is not None
+        try:
+            if what == "sweep":
+                swept = self.store.sweep(limit=100_000)
+                if swept:
+                    log.info("swept %d idle sessions", swept)
+            else:
+                info = self.store.flush()
+                if info is not None:
+                    log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)
+        except Exception as exc:  # keep supervising; say what failed
+            log.error("%s failed: %s", what, exc)
+
+    # -- stop --------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        processes = [s.process for s in self._slots if s.process is not None]
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACEFUL_STOP_SECONDS
+        for process in processes:
+            while (
+                process.is_alive() and time.monotonic() < deadline and not self._now_stop.is_set()
+            ):
+                process.join(timeout=0.2)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        if self.store is not None and not self._now_stop.is_set():
+            if self.settings.conversation.persistence_enabled:
+                self._maintain("flush")
+            self.store.close()
+        if self.embedded is not None:
+            self.embedded.stop()
+            log.info("private Valkey stopped")
