@@ -10,7 +10,8 @@
 -- ARGV[2] = consumer name
 -- ARGV[3] = count: most entries to take (1..1000)
 -- Returns: {{entry_id, member '<uuid>:<channel>' or '', reason ('' or a dead-letter code)}, ...}
--- Errors:  "GM_BADARG <field>" on a malformed argument; the server's NOGROUP if the group is gone
+-- Errors:  "GM_BADARG <field>" on a malformed argument
+--          "GM_NOGROUP <group>" when the stream or the group is gone (the server lost its data)
 -- Mailboxes ({gm:inbound}:mbox:<member>, list) are named from the entries, inside the stream's hash tag.
 
 local group = arg_str('group', ARGV[1], '^[%w%-_.:]+$')
@@ -21,9 +22,14 @@ if err then return err end
 
 local prefix = shard_prefix(KEYS[2])
 local reply = {}
-local read = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', KEYS[1], '>')
+local ok, read = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+  'STREAMS', KEYS[1], '>')
+if not ok then return redis.error_reply('GM_NOGROUP ' .. group) end
 if not read then return reply end
-for _, entry in ipairs(read[1][2]) do
+-- Redis and Valkey answer {{stream, entries}}; fakeredis answers {stream, entries}.
+local entries = read[2]
+if type(read[1]) == 'table' then entries = read[1][2] end
+for _, entry in ipairs(entries or {}) do
   local id, fields = entry[1], entry[2]
   local uuid, channel = nil, nil
   for i = 1, #fields, 2 do

@@ -32,6 +32,7 @@ SCRIPTS = load_scripts()
 KEYSPACE = KeySpace()
 A = avatar(1)
 SESSION, SHARD = KEYSPACE.session(A, Channel.PUBLIC)
+SERVICE = KEYSPACE.service()
 MEMBER = SESSION.member
 SID = "ab" * 16
 NOW = ("1000", "1767225600000", "boot-a")
@@ -319,6 +320,21 @@ def _wrapper_calls() -> dict[str, Any]:
         ),
         "publish_event": s.publish_event(SHARD, now_wall=0, reason="snapshot_restored", max_events=1),
         "mark_restored": s.mark_restored(SHARD, generation=None),
+        "read_receipt": s.read_receipt(SESSION, SHARD, SHARD.lru_public, clock, key="k"),
+        "ensure_group": s.ensure_group(SERVICE, group="g"),
+        "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
+        "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1),
+        "finish_entry": s.finish_entry(
+            SERVICE, group="g", entry_id="1-0", member=MEMBER, owner="w", lease_ms=1, release=False
+        ),
+        "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
+        "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),
+        "read_inbound": s.read_inbound(SERVICE, entry_id="1-0"),
+        "dead_letter": s.dead_letter(SERVICE, entry_id="1-0", reason="gone", max_entries=1),
+        "publish_reply": s.publish_reply(
+            SERVICE, avatar_uuid=A, channel="im", text_="t", in_reply_to="1-0", session_id=SID,
+            max_entries=1,
+        ),
     }  # fmt: skip
 
 
@@ -350,9 +366,11 @@ def test_contract_header_and_key_count(name: str) -> None:
         assert len(call.args) == len(documented_argv)
 
 
-def test_wrapper_keys_share_one_hash_tag() -> None:
-    for call in _wrapper_calls().values():
-        assert {re.search(r"\{\d+\}", k).group() for k in call.keys} == {"{0}"}  # type: ignore[union-attr]
+def test_wrapper_keys_share_one_cluster_slot() -> None:
+    """Every script's KEYS hash to one slot: a shard's tag, or the inbound stream's."""
+    for name, call in _wrapper_calls().items():
+        tags = {m.group(1) if (m := re.search(r"\{([^}]*)\}", k)) else k for k in call.keys}
+        assert len(tags) == 1, name
 
 
 def test_lib_session_parts_match_python() -> None:

@@ -61,10 +61,15 @@ class CorruptState(ScriptError):
     """GM_CORRUPT: the store holds data a script cannot interpret."""
 
 
+class NoConsumerGroup(ScriptError):
+    """GM_NOGROUP: the inbound stream's consumer group is gone (the server lost its data)."""
+
+
 # Each Lua error code maps to exactly one exception class.
 SCRIPT_ERRORS: dict[str, type[ScriptError]] = {
     "GM_BADARG": BadScriptArgument,
     "GM_CORRUPT": CorruptState,
+    "GM_NOGROUP": NoConsumerGroup,
 }
 
 

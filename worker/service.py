@@ -31,11 +31,9 @@ import socket
 from collections import Counter
 from typing import Any
 
-import redis
-
 from worker.clock import Clock, ScaledClock, SystemClock
 from worker.config import Settings, WorkerSettings
-from worker.errors import InputTooLarge, InvalidInput
+from worker.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from worker.keys import KeySpace
 from worker.llm import FAILURE_NOTICE, ChatClient, LlmUnavailable, build_chat_client
 from worker.records import AgentReply, AvatarMessage
@@ -161,9 +159,7 @@ class Worker:
         call = self.scripts.take_inbound(self.keys, group=GROUP, consumer=self.name, count=count)
         try:
             taken = await self.store.run(call)
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
+        except NoConsumerGroup:
             # the server lost its data (restarted without persistence): start over
             await self.store.run(self.scripts.ensure_group(self.keys, group=GROUP))
             return 0
