@@ -1,0 +1,101 @@
+"""The LLM client: retries that stop, a failure that says nothing, and the offline responder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from worker.config import LlmSettings
+from worker.llm import (
+    OFFLINE_LABEL,
+    LlmUnavailable,
+    OfflineResponder,
+    OpenAICompatible,
+    build_chat_client,
+    offline_reply,
+)
+
+MESSAGES = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hello"}]
+
+
+def _client(responses: list[Any], seen: list[httpx.Request], **settings: Any) -> OpenAICompatible:
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        item = responses.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        status, body = item
+        return httpx.Response(status, json=body)
+
+    config = LlmSettings(
+        base_url="http://llm.test/v1", max_retries=2, retry_wait_seconds=0.001, **settings
+    )
+    return OpenAICompatible(config, transport=httpx.MockTransport(handle))
+
+
+OK = (200, {"choices": [{"message": {"role": "assistant", "content": "hi there"}}]})
+
+
+def test_posts_the_messages_with_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRIDMEM_TEST_KEY", "sk-test-secret")
+    seen: list[httpx.Request] = []
+    client = _client([OK], seen, api_key_env="GRIDMEM_TEST_KEY", model="m1")
+    assert asyncio.run(client.complete(MESSAGES)) == "hi there"
+    [request] = seen
+    assert request.url == "http://llm.test/v1/chat/completions"
+    assert request.headers["Authorization"] == "Bearer sk-test-secret"
+    assert json.loads(request.content) == {"model": "m1", "messages": MESSAGES}
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [(500, {}), (503, {}), (429, {}), httpx.ReadTimeout("slow"), httpx.ConnectError("down")],
+)
+def test_transient_failures_are_retried_then_succeed(failure: Any) -> None:
+    seen: list[httpx.Request] = []
+    client = _client([failure, failure, OK], seen)
+    assert asyncio.run(client.complete(MESSAGES)) == "hi there"
+    assert len(seen) == 3
+
+
+def test_retries_are_bounded() -> None:
+    seen: list[httpx.Request] = []
+    client = _client([(500, {})] * 10, seen)
+    with pytest.raises(LlmUnavailable, match="HTTP 500"):
+        asyncio.run(client.complete(MESSAGES))
+    assert len(seen) == 3  # one try + max_retries
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        (400, {}),
+        (401, {}),
+        (200, {"choices": []}),
+        (200, {"choices": [{"message": {"content": "  "}}]}),
+    ],
+)
+def test_other_failures_are_not_retried(response: Any) -> None:
+    seen: list[httpx.Request] = []
+    client = _client([response, OK], seen)
+    with pytest.raises(LlmUnavailable) as caught:
+        asyncio.run(client.complete(MESSAGES))
+    assert len(seen) == 1 and "hello" not in str(caught.value)
+
+
+def test_offline_responder_is_deterministic_and_says_what_it_is() -> None:
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
+    reply = asyncio.run(OfflineResponder().complete(messages))
+    assert reply == offline_reply(messages) and reply.startswith(OFFLINE_LABEL)
+    assert '"second"' in reply and "first" not in reply
+    assert isinstance(build_chat_client(LlmSettings()), OfflineResponder)
+    assert isinstance(build_chat_client(LlmSettings(base_url="http://x/v1")), OpenAICompatible)
