@@ -90,7 +90,11 @@ class Service:
 
 
 def _start(
-    base: Path, llm: LocalChatServer, redis_url: str | None = None, **worker: Any
+    base: Path,
+    llm: LocalChatServer,
+    redis_url: str | None = None,
+    persistence: bool = False,
+    **worker: Any,
 ) -> Service:
     worker_settings = {
         "processes": 2,
@@ -104,6 +108,7 @@ def _start(
         "[llm]", f'base_url = "{llm.url}"', f'system_prompt = "{SYSTEM_PROMPT}"',
         "max_retries = 2", "retry_wait_seconds = 0.05", "timeout_seconds = 0.5",
         "[worker]", *(f"{k} = {v!r}".replace("'", '"') for k, v in worker_settings.items()),
+        "[conversation]", f"persistence_enabled = {str(persistence).lower()}", "flush_interval_seconds = 1",
         "[conversation.limits]", "max_input_bytes = 4000", "max_text_bytes = 2000", "max_turns_per_session = 1000",
     ]  # fmt: skip
     if redis_url:
@@ -312,3 +317,29 @@ def test_malformed_entries_are_dead_lettered_and_work_goes_on(base: Path) -> Non
             service.wait_answers([later])
         finally:
             _stop(service)
+
+
+def test_persistence_survives_a_full_restart(base: Path) -> None:
+    """persistence_enabled: restore at start, flush on an interval and at stop."""
+    with LocalChatServer() as llm:
+        first = _start(base, llm, persistence=True)
+        try:
+            ids = [first.send(who, "im", 0) for who in range(5)]
+            first.wait_answers(ids)
+        finally:
+            _stop(first)  # SIGTERM: the last snapshot is flushed on the way out
+        assert first.process.returncode == 0
+        assert list((base / "conversations").glob("*.snap"))
+        second = _start(base, llm, persistence=True)  # a new private Valkey: empty until restored
+        try:
+            store = second.store()
+            for who in range(5):
+                assert [t.kind for t in _turns(store, who, "im")] == [
+                    "avatar_message",
+                    "agent_reply",
+                ]
+            later = second.send(0, "im", 1)
+            second.wait_answers([later])
+            assert len(_turns(store, 0, "im")) == 4
+        finally:
+            _stop(second)

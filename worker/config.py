@@ -124,11 +124,18 @@ class ConversationConfig(BaseModel):
     shards: int = Field(default=1, ge=1, le=1024)
 
 
+def _blank_is_none(value: object) -> object:
+    """An empty setting (an unset ${VAR:-} in compose) means "not set"."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 class RedisSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # None: the supervisor starts a private Valkey under storage_path.
     url: str | None = None
+
+    _url = field_validator("url", mode="before")(_blank_is_none)
 
 
 class LlmSettings(BaseModel):
@@ -136,6 +143,8 @@ class LlmSettings(BaseModel):
 
     base_url: str | None = None
     model: str = "gpt-4o-mini"
+
+    _base_url = field_validator("base_url", mode="before")(_blank_is_none)
     # The key itself is never in a file: only the name of the variable holding it.
     api_key_env: str = "OPENAI_API_KEY"
     system_prompt: str = (

@@ -71,7 +71,8 @@ class OpenAICompatible:
         )
 
     async def complete(self, messages: list[Message]) -> str:
-        reply: str = await self._retrying(self._once, messages)
+        # a copy per call: a Retrying object keeps its attempt state, and calls run concurrently
+        reply: str = await self._retrying.copy()(self._once, messages)
         return reply
 
     async def _once(self, messages: list[Message]) -> str:

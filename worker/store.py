@@ -464,7 +464,8 @@ class AsyncConversationStore:
             except RETRYABLE:
                 if not call.idempotent:
                     raise
-                raw = await self._retrying(script, keys=call.keys, args=call.args)
+                # a copy: a Retrying object keeps its attempt state, and calls run concurrently
+                raw = await self._retrying.copy()(script, keys=call.keys, args=call.args)
         except redis.ResponseError as exc:
             raise translate(exc) from None
         return call.parse(raw)

@@ -1,0 +1,70 @@
+"""compose.yaml, the Dockerfile and the example config agree with the code (Docker is not run here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from worker.config import LIMIT_TABLE, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setting_exists(variable: str) -> bool:
+    """GRIDMEM_LLM__BASE_URL -> Settings.llm.base_url, following nested models."""
+    model: Any = Settings
+    for part in variable.removeprefix("GRIDMEM_").lower().split("__"):
+        if (
+            not (isinstance(model, type) and issubclass(model, BaseModel))
+            or part not in model.model_fields
+        ):
+            return False
+        model = model.model_fields[part].annotation
+    return True
+
+
+def test_compose_services_and_environment() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"valkey", "worker"}
+    valkey, worker = services["valkey"], services["worker"]
+    assert "valkey" in valkey["image"] and "healthcheck" in valkey
+    assert worker["deploy"]["replicas"] >= 2 and "healthcheck" in worker
+    assert worker["depends_on"]["valkey"]["condition"] == "service_healthy"
+    assert (
+        (ROOT / worker["build"] / "Dockerfile").exists()
+        if isinstance(worker["build"], str)
+        else True
+    )
+    variables = [v for v in worker["environment"] if v.startswith("GRIDMEM_")]
+    assert variables and all(_setting_exists(v) for v in variables), variables
+    assert "GRIDMEM_REDIS__URL" in variables
+    assert not _setting_exists("GRIDMEM_REDIS__NOPE")
+
+
+def test_empty_environment_values_mean_unset(monkeypatch: Any) -> None:
+    monkeypatch.setenv("GRIDMEM_LLM__BASE_URL", "")
+    monkeypatch.setenv("GRIDMEM_REDIS__URL", "redis://valkey:6379/0")
+    settings = Settings.load()
+    assert settings.llm.base_url is None and settings.redis.url == "redis://valkey:6379/0"
+
+
+def test_dockerfile_installs_the_package_and_serves() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert (
+        "pip install" in text
+        and "COPY lua" in text
+        and '"serve"' in text
+        and "USER gridmem" in text
+    )
+
+
+def test_example_config_loads_and_documents_the_defaults() -> None:
+    settings = Settings.load(ROOT / "gridmem.example.toml")
+    assert settings.conversation.limits.model_dump() == {k: d for k, (d, _) in LIMIT_TABLE.items()}
+    assert settings.llm.base_url is None and settings.redis.url is None
+    defaults = Settings()
+    assert settings.worker == defaults.worker and settings.llm == defaults.llm
