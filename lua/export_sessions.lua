@@ -14,7 +14,8 @@
 -- ARGV[5] = max_sessions (1..1000)
 -- ARGV[6] = max_bytes: stop the batch once this many stored bytes were read (>= 1)
 -- Returns: {next_after ('' at the end),
---           {member, session_id, created_ms, active_ms, summary, {record, ...}, {key, receipt, ...}}, ...}
+--           {member, session_id, created_ms, active_ms, summary, {record, ...}, {key, receipt, ...},
+--            archive segments ('first-last-bytes,...'), {archived record, ...}}, ...}
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Reads each exported session's keys by name (session_keys), inside this shard's hash tag.
 
@@ -37,13 +38,14 @@ local read = 0
 for i, m in ipairs(members) do
   local _, channel = split_member(m)
   local keys = session_keys(prefix, m)
-  local meta = redis.call('HMGET', keys[1], 'sid', 'created', 'active', 'bytes')
+  local meta = redis.call('HMGET', keys[1], 'sid', 'created', 'active', 'bytes', 'segments', 'abytes')
   if meta[1] and channel and not is_expired(lru[channel], m, channel, now) then
     reply[#reply + 1] = {
       m, meta[1], meta[2] or '0', meta[3] or '0', redis.call('GET', keys[4]) or '',
       redis.call('ZRANGE', keys[2], 0, -1), redis.call('HGETALL', keys[3]),
+      meta[5] or '', redis.call('ZRANGE', keys[5], 0, -1),
     }
-    read = read + (tonumber(meta[4]) or 0)
+    read = read + (tonumber(meta[4]) or 0) + (tonumber(meta[6]) or 0)
   end
   if read >= max_bytes and i < #members then
     reply[1] = m -- stop early: the next batch starts after this member

@@ -14,6 +14,7 @@ local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
 local LIMIT_FIELDS = {
   'max_turns', 'low_turns', 'max_session_bytes', 'low_session_bytes', 'max_tools', 'low_tools',
   'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
+  'archive', 'max_archive_segments', 'max_archive_bytes',
 }
 local H = '[0-9a-f]'
 local UUID_BODY = string.rep(H, 8) .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 4)
@@ -171,7 +172,7 @@ end
 -- Returns 1 if it existed, else 0.
 local function end_session(shard, part_keys, member, reason)
   local _, channel = split_member(member)
-  local meta = redis.call('HMGET', part_keys[1], 'sid', 'turns', 'bytes')
+  local meta = redis.call('HMGET', part_keys[1], 'sid', 'turns', 'bytes', 'abytes')
   redis.call('DEL', unpack(part_keys))
   redis.call('ZREM', shard.lru[channel], member)
   redis.call('ZREM', shard.sessions, member)
@@ -179,7 +180,7 @@ local function end_session(shard, part_keys, member, reason)
     return 0
   end
   local bytes = tonumber(meta[3]) or 0
-  redis.call('HINCRBY', shard.stats, 'bytes', -bytes)
+  redis.call('HINCRBY', shard.stats, 'bytes', -(bytes + (tonumber(meta[4]) or 0)))
   emit(shard, reason, meta[1], member, 'turns', tonumber(meta[2]) or 0, 'bytes', bytes)
   return 1
 end
@@ -243,6 +244,61 @@ local function trim_lines(lines, size, max_bytes)
   return dropped, size
 end
 
+-- ---------------------------------------------------------------- archive
+
+-- The archive (opt-in) keeps folded records, out of the live context, for the
+-- operator's transcript reader: a sorted set like the transcript (KEYS part
+-- 'archive'), grouped into segments, one per compaction. The meta hash holds
+-- the segments as 'first-last-bytes' items (oldest first) and their total in
+-- 'abytes'. At the bound, whole oldest segments go.
+
+local function parse_segments(text)
+  local segments = {}
+  for first, last, bytes in string.gmatch(text or '', '(%d+)%-(%d+)%-(%d+)') do
+    segments[#segments + 1] = { tonumber(first), tonumber(last), tonumber(bytes) }
+  end
+  return segments
+end
+
+local function format_segments(segments)
+  local parts = {}
+  for i, seg in ipairs(segments) do parts[i] = seg[1] .. '-' .. seg[2] .. '-' .. seg[3] end
+  return table.concat(parts, ',')
+end
+
+-- Move one folded entry into the archive's newest (open) segment of this compaction.
+local function archive_entry(s, entry, seq)
+  redis.call('ZADD', s.keys[5], seq, entry)
+  local open = s.open_segment
+  if open == nil then
+    open = { seq, seq, 0 }
+    s.open_segment = open
+  end
+  open[2], open[3] = seq, open[3] + #entry
+end
+
+-- Close this compaction's segment and drop whole oldest segments past the bounds.
+-- Returns the change in archive bytes and the number of segments dropped.
+local function close_segment(s, limits)
+  local open = s.open_segment
+  if open == nil then return 0, 0 end
+  s.open_segment = nil
+  local meta = redis.call('HMGET', s.keys[1], 'segments', 'abytes')
+  local segments = parse_segments(meta[1])
+  local abytes = (tonumber(meta[2]) or 0) + open[3]
+  local delta, dropped = open[3], 0
+  segments[#segments + 1] = open
+  while #segments > 0 and (#segments > limits.max_archive_segments or abytes > limits.max_archive_bytes) do
+    local oldest = table.remove(segments, 1)
+    redis.call('ZREMRANGEBYSCORE', s.keys[5], oldest[1], oldest[2])
+    abytes, delta, dropped = abytes - oldest[3], delta - oldest[3], dropped + 1
+  end
+  redis.call('HSET', s.keys[1], 'segments', format_segments(segments), 'abytes', abytes)
+  return delta, dropped
+end
+
+-- ---------------------------------------------------------------- compaction (folding)
+
 -- Fold a session's oldest records into its summary until it is back under its
 -- low-water marks, never the newest record. `s` is the session's state
 -- (see keep_session_bounds) with s.summary loaded; it is updated in place.
@@ -256,6 +312,7 @@ local function compact(s, limits)
   while s.turns > 1 and (s.turns > limits.low_turns or s.tools > limits.low_tools
       or s.turn_bytes + size > limits.low_session_bytes) do
     local oldest = redis.call('ZPOPMIN', s.keys[2])
+    if limits.archive == 1 then archive_entry(s, oldest[1], tonumber(oldest[2])) end
     local line, is_tool = summary_line(oldest[1], limits.summary_line_bytes)
     if #lines > 0 then size = size + 1 end
     lines[#lines + 1] = line
@@ -281,10 +338,12 @@ local function forget_receipts(idem_key, last_seq)
 end
 
 -- Bring one session back within its own bounds (turns, tool results, bytes) by
--- folding its oldest records into the summary; publishes compacted (and
--- summary_trimmed when old lines drop). `s` = {keys = its part keys in
--- SESSION_PARTS order, turns, tools, turn_bytes, summary_bytes}; the counts are
--- updated in place. The caller writes them to the meta hash.
+-- folding its oldest records into the summary (and, when archiving, into a new
+-- archive segment); publishes compacted (and summary_trimmed when old lines
+-- drop). `s` = {keys = its part keys in SESSION_PARTS order, turns, tools,
+-- turn_bytes, summary_bytes}; the counts are updated in place, and
+-- s.archive_delta says how the archive's bytes changed. The caller writes the
+-- counts to the meta hash and the byte changes to the shard total.
 local function keep_session_bounds(shard, s, sid, member, limits)
   if s.turns <= limits.max_turns and s.tools <= limits.max_tools
       and s.turn_bytes + s.summary_bytes <= limits.max_session_bytes then
@@ -299,8 +358,10 @@ local function keep_session_bounds(shard, s, sid, member, limits)
   end
   forget_receipts(s.keys[3], last_seq)
   s.summary_bytes = #s.summary
+  local archived, dropped = close_segment(s, limits)
+  s.archive_delta = (s.archive_delta or 0) + archived
   emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns,
-    'bytes', s.turn_bytes + s.summary_bytes)
+    'bytes', s.turn_bytes + s.summary_bytes, 'archived_segments_dropped', dropped)
   if trimmed > 0 then
     emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', s.summary_bytes)
   end

@@ -105,7 +105,7 @@ keep_session_bounds(shard, s, sid, member, limits)
 
 local bytes = s.turn_bytes + s.summary_bytes
 redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
-local total = redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes)
+local total = redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes + (s.archive_delta or 0))
 if redactions > 0 then redis.call('HINCRBY', shard.stats, 'redactions', redactions) end
 
 -- evict: only a new session or a larger total can have crossed a shard bound

@@ -28,8 +28,12 @@
 -- ARGV[9]  = summary ('' for none)
 -- ARGV[10] = max_events
 -- ARGV[11] = limits packet (as record_turn)
--- ARGV[12] = receipt count n, then n pairs (idempotency key, receipt) as ARGV[13..12+2n]
--- ARGV[13+2n..] = records: '<seq>|<wall ms>|<session id>|<payload>', seq strictly increasing
+-- ARGV[12] = receipt count n
+-- ARGV[13] = archive segments: 'first-last-bytes' items, comma-separated, oldest first ('' for none)
+-- ARGV[14] = archive entry count m
+-- ARGV[15..] = n receipt pairs (idempotency key, receipt), then m archive entries, then the
+--            live records; entries and records are '<seq>|<wall ms>|<session id>|<payload>',
+--            seq strictly increasing across both
 -- Returns: 1 if restored, 0 if a live session already had this key (nothing written)
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
 
@@ -43,26 +47,40 @@ local summary = ARGV[9] or ''
 local max_events = arg_int('max_events', ARGV[10], 1)
 local limits = arg_limits('limits', ARGV[11])
 local receipts = arg_int('receipts', ARGV[12], 0, 100000)
-local first_record = 13 + 2 * receipts
-for i = 13, first_record - 1, 2 do
+local segments_text = arg_str('segments', ARGV[13], '^[%d%-,]*$')
+local archived = arg_int('archive', ARGV[14], 0, 10000000)
+local first_archived = 15 + 2 * receipts
+local first_record = first_archived + archived
+for i = 15, first_archived - 1, 2 do
   arg_str('receipt_key', ARGV[i], '^[%w%-_.:]+$')
   arg_str('receipt', ARGV[i + 1], '^%d+:[01]:%d+:[01]$')
 end
-local records, previous, turn_bytes, tools = {}, 0, 0, 0
-for i = first_record, #ARGV do
-  local seq, rsid, payload = string.match(ARGV[i], '^(%d+)|%d+|(%x+)|(%[.*)$')
-  seq = tonumber(seq)
-  if seq == nil or seq <= previous or rsid ~= sid then
-    bad_field = bad_field or 'records'
-    break
+
+-- {seq, entry, seq, entry, ...} of ARGV[from..to], checked; updates `previous`
+local previous = 0
+local function entries(from, to, field)
+  local out, bytes, tools = {}, 0, 0
+  for i = from, to do
+    local seq, rsid, payload = string.match(ARGV[i], '^(%d+)|%d+|(%x+)|(%[.*)$')
+    seq = tonumber(seq)
+    if seq == nil or seq <= previous or rsid ~= sid then
+      bad_field = bad_field or field
+      break
+    end
+    previous = seq
+    out[#out + 1] = seq
+    out[#out + 1] = ARGV[i]
+    bytes = bytes + #ARGV[i]
+    if string.sub(payload, 1, 4) == '["t"' then tools = tools + 1 end
   end
-  previous = seq
-  records[#records + 1] = seq
-  records[#records + 1] = ARGV[i]
-  turn_bytes = turn_bytes + #ARGV[i]
-  if string.sub(payload, 1, 4) == '["t"' then tools = tools + 1 end
+  return out, bytes, tools
 end
+local archive, abytes = entries(first_archived, first_record - 1, 'archive')
+local records, turn_bytes, tools = entries(first_record, #ARGV, 'records')
 if #records == 0 then bad_field = bad_field or 'records' end
+local segments, covered = parse_segments(segments_text), 0
+for _, seg in ipairs(segments) do covered = covered + seg[3] end
+if covered ~= abytes then bad_field = bad_field or 'segments' end
 local err = arg_error()
 if err then return err end
 
@@ -76,8 +94,11 @@ local now = store_now(KEYS[10], boot, mono, wall, true)
 for i = 1, #records, 1000 do
   redis.call('ZADD', KEYS[2], unpack(records, i, math.min(i + 999, #records)))
 end
-for i = 13, first_record - 1, 1000 do
-  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, first_record - 1)))
+for i = 15, first_archived - 1, 1000 do
+  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, first_archived - 1)))
+end
+for i = 1, #archive, 1000 do
+  redis.call('ZADD', KEYS[5], unpack(archive, i, math.min(i + 999, #archive)))
 end
 if summary ~= '' then redis.call('SET', KEYS[4], summary) end
 redis.call('ZADD', shard.sessions, 0, member)
@@ -86,11 +107,12 @@ if tonumber(redis.call('GET', KEYS[9]) or '0') < previous then
   redis.call('SET', KEYS[9], previous)
 end
 
+if abytes > 0 then redis.call('HSET', KEYS[1], 'segments', segments_text, 'abytes', abytes) end
 local s = { keys = own, turns = #records / 2, tools = tools, turn_bytes = turn_bytes, summary_bytes = #summary }
 keep_session_bounds(shard, s, sid, member, limits)
 local bytes = s.turn_bytes + s.summary_bytes
 redis.call('HSET', KEYS[1], 'sid', sid, 'created', created, 'active', active,
   'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
-redis.call('HINCRBY', shard.stats, 'bytes', bytes)
+redis.call('HINCRBY', shard.stats, 'bytes', bytes + abytes + (s.archive_delta or 0))
 evict_over_bounds(shard, limits, member, now)
 return 1

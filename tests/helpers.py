@@ -68,6 +68,9 @@ def recompute(client: object, namespace: str = "gm") -> dict[str, Any]:
         parts["tools_count"] = sum(1 for e in entries if e.split("|", 3)[3].startswith('["t"'))
         parts["bytes"] = sum(len(e.encode()) for e in entries) + len(summary.encode())
         parts["summary_bytes"] = len(summary.encode())
+        archived = [_s(e) for e in c.zrange(parts.get("archive", "none"), 0, -1)]
+        parts["archive_bytes"] = sum(len(e.encode()) for e in archived)
+        parts["archive_count"] = len(archived)
     indexed = {_s(m) for m in c.zrange(prefix + "sessions", 0, -1)}
     lru = {_s(m) for m in c.zrange(prefix + "lru:public", 0, -1)} | {
         _s(m) for m in c.zrange(prefix + "lru:im", 0, -1)

@@ -41,6 +41,8 @@ LIMITS = Limits(
     max_session_bytes=2000,
     max_aggregate_bytes=2500,
     max_events=25,
+    max_archive_segments=3,
+    max_archive_bytes=2000,
 )
 AVATARS = [avatar(n) for n in range(3)]
 TEXT = st.text(alphabet='abcdé🙂 \n"\\xyz', min_size=1, max_size=260) | st.integers(80, 260).map(
@@ -50,6 +52,7 @@ TEXT = st.text(alphabet='abcdé🙂 \n"\\xyz', min_size=1, max_size=260) | st.in
 
 class StoreMachine(RuleBasedStateMachine):
     client: Any = None  # set by the test: the backend under test
+    archive = False  # set by the test: run with the archive on
     seen: ClassVar[Counter[str]] = Counter()  # reasons over the whole run: proof the paths ran
 
     @initialize()
@@ -79,13 +82,13 @@ class StoreMachine(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         self.clock.advance(ms)
 
-    @rule(
-        who=st.sampled_from(AVATARS),
-        channel=st.sampled_from(["public", "im"]),
-        delete=st.booleans(),
-    )
-    def end(self, who: str, channel: str, delete: bool) -> None:
-        (self.store.delete if delete else self.store.expire)(who, channel)
+    @rule(who=st.sampled_from(AVATARS), channel=st.sampled_from(["public", "im"]))
+    def delete(self, who: str, channel: str) -> None:
+        self.store.delete(who, channel)
+
+    @rule(who=st.sampled_from(AVATARS), channel=st.sampled_from(["public", "im"]))
+    def expire(self, who: str, channel: str) -> None:
+        self.store.expire(who, channel)
 
     @rule(limit=st.integers(1, 5))
     def sweep(self, limit: int) -> None:
@@ -104,15 +107,25 @@ class StoreMachine(RuleBasedStateMachine):
         sessions = state["sessions"]
         assert state["orphans"] == []
         assert set(sessions) == state["indexed"] == state["lru"]
-        assert state["stats_bytes"] == sum(s["bytes"] for s in sessions.values())
+        assert state["stats_bytes"] == sum(
+            s["bytes"] + s["archive_bytes"] for s in sessions.values()
+        )
         for s in sessions.values():
             meta = s["meta_fields"]
             assert int(meta["bytes"]) == s["bytes"] <= LIMITS.max_session_bytes
             assert int(meta["turns"]) == s["turns_count"] <= LIMITS.max_turns_per_session
             assert int(meta["tools"]) == s["tools_count"] <= LIMITS.max_tool_results_per_session
             assert s["summary_bytes"] <= LIMITS.max_summary_bytes
+            assert int(meta.get("abytes", 0)) == s["archive_bytes"] <= LIMITS.max_archive_bytes
+            assert (
+                len([x for x in meta.get("segments", "").split(",") if x])
+                <= LIMITS.max_archive_segments
+            )
         assert len(sessions) <= LIMITS.max_active_sessions
         assert state["stats_bytes"] <= LIMITS.max_aggregate_bytes
+        if self.archive:  # the archive holds folded records only: never a live one
+            for s in sessions.values():
+                assert s["archive_count"] == 0 or s["turns_count"] >= 1
         assert state["events"] <= LIMITS.max_events
 
 
@@ -122,8 +135,9 @@ EXERCISED = {
 }  # fmt: skip
 
 
-def _run(client: Any, examples: int) -> Counter[str]:
+def _run(client: Any, examples: int, archive: bool = False) -> Counter[str]:
     StoreMachine.client = client
+    StoreMachine.archive = archive
     StoreMachine.seen = Counter()
     StoreMachine.TestCase.settings = settings(
         max_examples=examples,
@@ -137,13 +151,14 @@ def _run(client: Any, examples: int) -> Counter[str]:
 
 
 @pytest.mark.fake
-def test_accounting_on_fakeredis() -> None:
-    seen = _run(fakeredis.FakeRedis(server=fakeredis.FakeServer()), examples=60)
+@pytest.mark.parametrize("archive", [False, True])
+def test_accounting_on_fakeredis(archive: bool) -> None:
+    seen = _run(fakeredis.FakeRedis(server=fakeredis.FakeServer()), examples=60, archive=archive)
     assert set(seen) >= EXERCISED
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("engine", list(REAL_ENGINES))
 def test_accounting_on_a_real_server(real_servers: dict[str, EmbeddedValkey], engine: str) -> None:
-    seen = _run(real_servers[engine].client(), examples=30)
+    seen = _run(real_servers[engine].client(), examples=30, archive=True)
     assert set(seen) >= EXERCISED

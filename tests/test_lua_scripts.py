@@ -161,14 +161,19 @@ class TestReadContext:
             run("read_context", CONTEXT_KEYS, args)
 
 
-PAGE_KEYS = [SESSION.meta, SESSION.turns, SHARD.lru_public, SHARD.clock]
+PAGE_KEYS = [SESSION.meta, SESSION.turns, SESSION.archive, SHARD.lru_public, SHARD.clock]
 
 
 class TestReadPage:
-    def test_shapes(self, run: Run) -> None:
+    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
         assert _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "", "backward", 10])) == [0]
         for _ in range(3):
             run("record_turn", RECORD_KEYS, record_args())
+        # an archived record joins the walk, once, in sequence order
+        redis.zadd(SESSION.archive, {f'0|1|{SID}|["a","old"]': 0, f'2|1|{SID}|["a","dup"]': 2})
+        whole = _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "", "forward", 10]))
+        assert [e.split("|")[0] for e in whole[1:]] == ["0", "1", "2", "3"]
+        redis.delete(SESSION.archive)
         back = _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "", "backward", 2]))
         assert back[0] == 1 and [e.split("|")[0] for e in back[1:]] == ["2", "3"]
         fwd = _s(run("read_page", PAGE_KEYS, [*NOW, MEMBER, "1", "forward", 2]))
@@ -408,7 +413,8 @@ class TestExportSessions:
         )
         whole = _s(run("export_sessions", EXPORT_KEYS, [*NOW, "", 10, 1 << 20]))
         assert whole[0] == "" and len(whole) == 3
-        member, sid, created, active, summary, entries, receipts = whole[1]
+        member, sid, created, active, summary, entries, receipts, segments, archived = whole[1]
+        assert (segments, archived) == ("", [])
         assert (member, sid, created, active, summary) == (MEMBER, SID, NOW[1], NOW[1], "")
         assert [e.split("|")[0] for e in entries] == ["1", "2"] and receipts == ["k1", "1:1:0:0"]
         # a batch stops at max_sessions, or once max_bytes were read
@@ -441,12 +447,25 @@ def restore_args(**over: Any) -> list[Any]:
         "now_mono": NOW[0], "now_wall": NOW[1], "boot_id": NOW[2], "member": MEMBER,
         "session_id": SID, "created_ms": NOW[1], "active_ms": NOW[1], "age_ms": 5000,
         "summary": "- agent: hi", "max_events": 100, "limits": LIMITS, "receipts": len(receipts) // 2,
+        "segments": "", "archive": 0,
     }  # fmt: skip
+    archive = over.pop("archive_entries", [])
     args.update(over)
-    return [*args.values(), *receipts, *entries]
+    if archive:
+        args["archive"] = len(archive)
+    return [*args.values(), *receipts, *archive, *entries]
 
 
 class TestRestoreSession:
+    def test_restores_an_archive(self, run: Run, redis: redis_py.Redis) -> None:
+        old = f'3|1|{SID}|["a","archived"]'
+        args = restore_args(segments=f"3-3-{len(old)}", archive_entries=[old])
+        assert run("restore_session", RECORD_KEYS, args) == 1
+        assert redis.zrange(SESSION.archive, 0, -1) == [old.encode()]
+        meta = {k.decode(): v.decode() for k, v in redis.hgetall(SESSION.meta).items()}
+        assert (meta["segments"], meta["abytes"]) == (f"3-3-{len(old)}", str(len(old)))
+        assert int(redis.hget(SHARD.stats, "bytes")) == int(meta["bytes"]) + len(old)
+
     def test_restores_then_never_overwrites(self, run: Run, redis: redis_py.Redis) -> None:
         assert run("restore_session", RECORD_KEYS, restore_args()) == 1
         meta = {k.decode(): v.decode() for k, v in redis.hgetall(SESSION.meta).items()}
@@ -472,6 +491,8 @@ class TestRestoreSession:
             ("session_id", {"session_id": "XYZ"}),
             ("receipt", {"receipts": ["k", "garbage"]}),
             ("limits", {"limits": "1,2"}),
+            ("segments", {"segments": "1-1-99", "archive_entries": [f'1|1|{SID}|["a","x"]']}),
+            ("records", {"segments": "8-8-27", "archive_entries": [f'8|1|{SID}|["a","x"]']}),
         ],
     )
     def test_bad_arguments_write_nothing(

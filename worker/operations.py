@@ -88,7 +88,7 @@ class Operations:
         self.scripts = scripts or Scripts()
         self._session_ids = session_ids
         self.prepare = Preparer(config.limits, redactor)
-        self._limits_packet = limits_packet(config.limits, config.shards)
+        self._limits_packet = limits_packet(config.limits, config.shards, config.archive_enabled)
 
     def _now(self) -> ClockReading:
         return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
@@ -253,10 +253,11 @@ class Operations:
     def restore_session(self, session: SnapshotSession, age_ms: int) -> Op[bool]:
         """Write one validated snapshot session unless the key is live. True if written."""
         keys, shard = self.keys.session(session.avatar_uuid, Channel(session.channel))
-        entries = [
-            record_to_entry(r.seq, r.at_ms, session.session_id, r.record.model_dump())
-            for r in session.records
-        ]
+
+        def entries(records: list[Any]) -> list[str]:
+            sid = session.session_id
+            return [record_to_entry(r.seq, r.at_ms, sid, r.record.model_dump()) for r in records]
+
         restored: bool = yield self.scripts.restore_session(
             keys,
             shard,
@@ -269,7 +270,8 @@ class Operations:
             max_events=self.config.limits.max_events,
             limits=self._limits_packet,
             receipts=session.receipts,
-            entries=entries,
+            entries=entries(session.records),
+            archive=[entries(segment) for segment in session.archive],
         )
         return restored
 

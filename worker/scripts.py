@@ -60,6 +60,9 @@ LIMIT_FIELDS: tuple[str, ...] = (
     "max_sessions",
     "max_aggregate_bytes",
     "max_evictions",
+    "archive",
+    "max_archive_segments",
+    "max_archive_bytes",
 )
 # Compaction folds a session down to this share of each bound, so it runs once
 # every quarter-bound of turns rather than on every turn.
@@ -70,7 +73,7 @@ SUMMARY_LINE_BYTES = 240
 MAX_EVICTIONS_PER_CALL = 1000
 
 
-def limits_packet(limits: Limits, shards: int) -> str:
+def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
     """The limits as record_turn takes them. Shard-wide bounds are split evenly over shards."""
     values = {
         "max_turns": limits.max_turns_per_session,
@@ -84,6 +87,9 @@ def limits_packet(limits: Limits, shards: int) -> str:
         "max_sessions": max(1, limits.max_active_sessions // shards),
         "max_aggregate_bytes": max(1, limits.max_aggregate_bytes // shards),
         "max_evictions": MAX_EVICTIONS_PER_CALL,
+        "archive": int(archive),
+        "max_archive_segments": limits.max_archive_segments,
+        "max_archive_bytes": limits.max_archive_bytes,
     }
     return ",".join(str(values[field]) for field in LIMIT_FIELDS)
 
@@ -168,6 +174,12 @@ def _parse_record(raw: Sequence[Any]) -> RecordReply:
     return RecordReply(text(sid), int(seq), bool(new), bool(dup), int(red), bool(trunc))
 
 
+def _segment(entries: list[str]) -> str:
+    """'first-last-bytes' of an archive segment (its entries in sequence order)."""
+    first, last = entries[0].split("|", 1)[0], entries[-1].split("|", 1)[0]
+    return f"{first}-{last}-{sum(len(e.encode('utf-8')) for e in entries)}"
+
+
 def _parse_receipt(raw: Sequence[Any]) -> RecordReply | None:
     sid, receipt = text(raw[0]), text(raw[1])
     if not sid:
@@ -237,6 +249,7 @@ class ExportedSession:
     summary: str
     entries: list[str]
     receipts: dict[str, str]
+    archive: list[list[str]]  # segments of archived entries, oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,9 +258,18 @@ class ExportReply:
     sessions: list[ExportedSession]
 
 
+def _split_segments(segments: str, entries: list[str]) -> list[list[str]]:
+    """Group archived entries by the 'first-last-bytes' segment ranges that hold them."""
+    grouped = []
+    for item in filter(None, segments.split(",")):
+        first, last, _ = (int(x) for x in item.split("-"))
+        grouped.append([e for e in entries if first <= int(e.split("|", 1)[0]) <= last])
+    return [segment for segment in grouped if segment]
+
+
 def _parse_export(raw: Sequence[Any]) -> ExportReply:
     sessions = []
-    for member, sid, created, active, summary, entries, receipts in raw[1:]:
+    for member, sid, created, active, summary, entries, receipts, segments, archived in raw[1:]:
         pairs = [text(x) for x in receipts]
         sessions.append(
             ExportedSession(
@@ -258,6 +280,7 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
                 text(summary),
                 [text(e) for e in entries],
                 dict(zip(pairs[0::2], pairs[1::2], strict=True)),
+                _split_segments(text(segments), [text(e) for e in archived]),
             )
         )
     return ExportReply(text(raw[0]), sessions)
@@ -378,7 +401,7 @@ class Scripts:
     ) -> ScriptCall[PageReply]:
         return self._call(
             "read_page",
-            (session.meta, session.turns, lru, shard.clock),
+            (session.meta, session.turns, session.archive, lru, shard.clock),
             (*clock.args(), session.member, "" if anchor is None else anchor, direction, limit),
             _parse_page,
         )
@@ -469,8 +492,11 @@ class Scripts:
         limits: str,
         receipts: dict[str, str],
         entries: list[str],
+        archive: list[list[str]] | None = None,
     ) -> ScriptCall[bool]:
         pairs = [x for kv in sorted(receipts.items()) for x in kv]
+        segments = archive or []
+        archived = [entry for segment in segments for entry in segment]
         return self._call(
             "restore_session",
             (
@@ -494,7 +520,10 @@ class Scripts:
                 max_events,
                 limits,
                 len(receipts),
+                ",".join(_segment(segment) for segment in segments if segment),
+                len(archived),
                 *pairs,
+                *archived,
                 *entries,
             ),
             bool,

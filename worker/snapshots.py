@@ -132,6 +132,10 @@ class SnapshotSession(BaseModel):
         Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")],
         Annotated[str, Field(pattern=r"^\d+:[01]:\d+:[01]$")],
     ] = Field(default_factory=dict)
+    # Archive segments (opt-in): records folded out of the live context, oldest first.
+    archive: list[Annotated[list[SnapshotRecord], Field(min_length=1)]] = Field(
+        default_factory=list
+    )
 
     @property
     def member(self) -> str:
@@ -140,12 +144,13 @@ class SnapshotSession(BaseModel):
 
 def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) -> None:
     """Everything the models cannot say: order, time, bounds, format, secrets."""
-    seqs = [r.seq for r in session.records]
+    archived = [r for segment in session.archive for r in segment]
+    seqs = [r.seq for r in archived + session.records]
     if any(b <= a for a, b in itertools.pairwise(seqs)):
         raise SnapshotInvalid("sequence_order", "sequence numbers must strictly increase")
     if session.created_at_ms > session.last_active_at_ms:
         raise SnapshotInvalid("timestamps", "created after last active")
-    for item in session.records:
+    for item in archived + session.records:
         _check_record(item.record, limits, redactor)
     summary = session.summary
     if len(summary.encode("utf-8")) > limits.max_summary_bytes:
@@ -506,6 +511,13 @@ def snapshot_line(session: ExportedSession) -> bytes:
             {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)} for e in entries
         ],
         "receipts": session.receipts,
+        "archive": [
+            [
+                {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)}
+                for e in decode_entries(segment, session.session_id)
+            ]
+            for segment in session.archive
+        ],
     }
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
