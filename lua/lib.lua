@@ -161,10 +161,12 @@ local function shard_context(lru_public, lru_im, sessions, stats, events, max_ev
 end
 
 -- Publish an event: stable reason code plus counts, never content. Exact MAXLEN.
+-- The stream keeps the latest events; stats keeps an all-time count per reason.
 local function emit(shard, reason, sid, member, ...)
   local uuid, channel = split_member(member)
   redis.call('XADD', shard.events, 'MAXLEN', shard.max_events, '*',
     'reason', reason, 'at', shard.wall, 'sid', sid, 'uuid', uuid, 'ch', channel, ...)
+  redis.call('HINCRBY', shard.stats, 'events:' .. reason, 1)
 end
 
 -- Remove one session whole: its keys (part_keys, in SESSION_PARTS order), its

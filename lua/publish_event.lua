@@ -1,6 +1,7 @@
 -- publish_event: publish an event that no other script owns (snapshots, permissions).
 -- Events carry reason codes, IDs and counts, never content.
 -- KEYS[1] = gm:{shard}:events  (stream)  events
+-- KEYS[2] = gm:{shard}:stats   (hash)    all-time event counts ('events:<reason>')
 -- ARGV[1] = now_wall (integer ms)
 -- ARGV[2] = reason: snapshot_quarantined, snapshot_restored, permissions_not_verified,
 --           or expired_inactivity (a snapshot's session too old to restore)
@@ -37,5 +38,6 @@ end
 local err = arg_error()
 if err then return err end
 
+redis.call('HINCRBY', KEYS[2], 'events:' .. reason, 1)
 return redis.call('XADD', KEYS[1], 'MAXLEN', max_events, '*', 'reason', reason, 'at', wall,
   'sid', sid, 'uuid', uuid, 'ch', channel, unpack(detail))

@@ -326,6 +326,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "publish_event": s.publish_event(SHARD, now_wall=0, reason="snapshot_restored", max_events=1),
         "mark_restored": s.mark_restored(SHARD, generation=None),
         "read_receipt": s.read_receipt(SESSION, SHARD, SHARD.lru_public, clock, key="k"),
+        "read_stats": s.read_stats(SHARD),
         "ensure_group": s.ensure_group(SERVICE, group="g"),
         "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
         "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1),
@@ -504,11 +505,11 @@ class TestRestoreSession:
 
 
 class TestPublishEvent:
-    def test_shapes(self, run: Run) -> None:
+    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
         event_id = _s(
             run(
                 "publish_event",
-                [SHARD.events],
+                [SHARD.events, SHARD.stats],
                 [NOW[1], "snapshot_restored", 10, "", "", "generation", 3],
             )
         )
@@ -517,9 +518,18 @@ class TestPublishEvent:
         assert dict(zip(row[1::2], row[2::2], strict=True)) == {
             "reason": "snapshot_restored", "at": NOW[1], "sid": "", "uuid": "", "ch": "", "generation": "3",
         }  # fmt: skip
-        run("publish_event", [SHARD.events], [NOW[1], "expired_inactivity", 10, SID, MEMBER])
+        run(
+            "publish_event",
+            [SHARD.events, SHARD.stats],
+            [NOW[1], "expired_inactivity", 10, SID, MEMBER],
+        )
         [_, row] = _s(run("read_events", [SHARD.events], ["", 10]))
         assert (row[6], row[8], row[10]) == (SID, A, "public")
+        stats = redis.hgetall(SHARD.stats)  # all-time counts, beside the bounded stream
+        assert (stats[b"events:snapshot_restored"], stats[b"events:expired_inactivity"]) == (
+            b"1",
+            b"1",
+        )
 
     @pytest.mark.parametrize(
         ("field", "args"),
@@ -537,7 +547,7 @@ class TestPublishEvent:
         self, run: Run, redis: redis_py.Redis, field: str, args: list[Any]
     ) -> None:
         with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
-            run("publish_event", [SHARD.events], args)
+            run("publish_event", [SHARD.events, SHARD.stats], args)
         assert redis.dbsize() == 0
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import redis as redis_py
@@ -94,6 +96,7 @@ def _start(
     llm: LocalChatServer,
     redis_url: str | None = None,
     persistence: bool = False,
+    metrics_port: int | None = None,
     **worker: Any,
 ) -> Service:
     worker_settings = {
@@ -113,6 +116,8 @@ def _start(
     ]  # fmt: skip
     if redis_url:
         lines += ["[redis]", f'url = "{redis_url}"']
+    if metrics_port:
+        lines += ["[metrics]", f"port = {metrics_port}"]
     config = base / "gridmem.toml"
     config.write_text("\n".join(lines) + "\n")
     process = subprocess.Popen(
@@ -343,3 +348,47 @@ def test_persistence_survives_a_full_restart(base: Path) -> None:
             assert len(_turns(store, 0, "im")) == 4
         finally:
             _stop(second)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_metrics_endpoint_has_the_series_and_no_content(base: Path) -> None:
+    port = _free_port()
+    with LocalChatServer() as llm:
+        service = _start(base, llm, metrics_port=port)
+        try:
+            ids = [
+                service.send(who, ch, 0, text=f"SECRETWORD{who} password=hunter22x")
+                for who in range(6)
+                for ch in ("public", "im")
+            ]
+            service.wait_answers(ids)
+            body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        finally:
+            _stop(service)
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert (
+        values['gridmem_sessions{channel="public"}'] == 6
+        and values['gridmem_sessions{channel="im"}'] == 6
+    )
+    assert values["gridmem_stored_bytes"] > 0 and values["gridmem_redactions_total"] == 12
+    assert values['gridmem_records_total{kind="avatar_message"}'] == 12
+    assert values['gridmem_records_total{kind="agent_reply"}'] == 12
+    assert values['gridmem_messages_total{outcome="answered"}'] == 12
+    for series in (
+        "gridmem_record_seconds_count",
+        "gridmem_context_seconds_count",
+        "gridmem_llm_seconds_count",
+    ):
+        assert values[series] >= 12, series
+    assert "# HELP gridmem_events_total" in body  # (labelled series appear once counted)
+    assert not re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}", body)  # no UUIDs
+    assert "SECRETWORD" not in body and "hunter22" not in body and "msg [" not in body

@@ -118,3 +118,23 @@ def test_from_config_starts_a_private_server() -> None:
             probe.ping()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_stats_counts_everything_and_nothing_more(
+    store: ConversationStore, clock: ManualClock
+) -> None:
+    from worker import Channel, ReasonCode
+
+    store.record(A, "public", AvatarMessage(text="password=hunter22 and sk-" + "Zq8x" * 8))
+    store.record(A, "im", AvatarMessage(text="hello"))
+    store.record(avatar(2), "im", AvatarMessage(text="hi"))
+    store.delete(avatar(2), "im")
+    clock.advance(1_800_000)
+    store.sweep()
+    stats = store.stats()
+    assert stats.sessions == {Channel.PUBLIC: 0, Channel.IM: 1}
+    assert stats.redactions == 2
+    assert stats.events == {ReasonCode.DELETED_OPERATOR: 1, ReasonCode.EXPIRED_INACTIVITY: 1}
+    [meta] = store.list_metadata().items
+    assert stats.stored_bytes == meta.byte_count
+    assert "hunter22" not in stats.model_dump_json()

@@ -10,6 +10,7 @@ stores only drive these generators: `ConversationStore` with a blocking client,
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from worker.records import (
     ReasonCode,
     Receipt,
     SessionMetadata,
+    StoreStats,
     TurnPage,
     parse_record,
 )
@@ -236,6 +238,26 @@ class Operations:
             event_id = entry_id if len(positions) == 1 else ",".join(positions)
             events.append(_event(event_id, fields))
         return events
+
+    def stats(self) -> Op[StoreStats]:
+        sessions = {Channel.PUBLIC: 0, Channel.IM: 0}
+        totals: Counter[str] = Counter()
+        for shard in self.keys.all_shards():
+            public, im, fields = yield self.scripts.read_stats(shard)
+            sessions[Channel.PUBLIC] += public
+            sessions[Channel.IM] += im
+            totals.update({k: int(v) for k, v in fields.items() if v.lstrip("-").isdigit()})
+        events = {
+            code: totals[f"events:{code.value}"]
+            for code in ReasonCode
+            if totals[f"events:{code.value}"]
+        }
+        return StoreStats(
+            sessions=sessions,
+            stored_bytes=totals["bytes"],
+            redactions=totals["redactions"],
+            events=events,
+        )
 
     # -- snapshots -------------------------------------------------------------------
 

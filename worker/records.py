@@ -218,3 +218,12 @@ class Event(_Out):
     avatar_uuid: str
     channel: Channel | None = None
     detail: dict[str, int | str] = Field(default_factory=dict)
+
+
+class StoreStats(_Out):
+    """What the store holds, summed over shards. Counts only."""
+
+    sessions: dict[Channel, int]
+    stored_bytes: int
+    redactions: int
+    events: dict[ReasonCode, int]  # all-time, by reason (the stream keeps only the latest)

@@ -36,6 +36,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "publish_event",
     "mark_restored",
     "read_receipt",
+    "read_stats",
     "ensure_group",
     "take_inbound",
     "claim_key",
@@ -310,6 +311,10 @@ def _parse_step(raw: Sequence[Any]) -> KeyStep:
     return KeyStep(values[0], values[1] if len(values) > 1 else "")
 
 
+def _parse_stats(raw: Sequence[Any]) -> tuple[int, int, dict[str, str]]:
+    return int(raw[0]), int(raw[1]), _parse_fields(raw[2])
+
+
 def _parse_fields(raw: Sequence[Any]) -> dict[str, str]:
     values = [text(v) for v in raw]
     return dict(zip(values[0::2], values[1::2], strict=True))
@@ -543,7 +548,7 @@ class Scripts:
         pairs = [str(x) for kv in (detail or {}).items() for x in kv]
         return self._call(
             "publish_event",
-            (shard.events,),
+            (shard.events, shard.stats),
             (now_wall, reason, max_events, session_id, member, *pairs),
             text,
             idempotent=False,  # a resend would publish the event twice
@@ -557,6 +562,11 @@ class Scripts:
             (session.meta, session.idem, lru, shard.clock),
             (*clock.args(), session.member, key),
             _parse_receipt,
+        )
+
+    def read_stats(self, shard: ShardKeys) -> ScriptCall[tuple[int, int, dict[str, str]]]:
+        return self._call(
+            "read_stats", (shard.lru_public, shard.lru_im, shard.stats), (), _parse_stats
         )
 
     def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:

@@ -31,6 +31,7 @@ import socket
 from collections import Counter
 from typing import Any
 
+from worker import metrics
 from worker.clock import Clock, ScaledClock, SystemClock
 from worker.config import Settings, WorkerSettings
 from worker.errors import InputTooLarge, InvalidInput, NoConsumerGroup
@@ -260,6 +261,7 @@ class Worker:
             )
         )
         self.stats["dead_lettered"] += 1
+        metrics.MESSAGES.labels("dead_lettered").inc()
         log.info("entry %s dead-lettered: %s", entry_id, reason)
         if not member:
             await self._finish(entry_id, "")
@@ -286,22 +288,30 @@ class Worker:
         reply_key = f"{entry_id}:reply"
         if seen and await self._republish(uuid, channel, entry_id, reply_key):
             return
+        if not seen:
+            metrics.RECORDS.labels("avatar_message").inc()
         reply = await self._ask(uuid, channel)
         reply = reply[: limits.max_input_bytes // 4]  # our own text: cut, never refused
-        answered = await self.store.record(uuid, channel, AgentReply(text=reply), reply_key)
+        with metrics.RECORD_SECONDS.time():
+            answered = await self.store.record(uuid, channel, AgentReply(text=reply), reply_key)
+        metrics.RECORDS.labels("agent_reply").inc()
         await self._publish(
             uuid, channel, self.store.stored_text(reply), entry_id, answered.session_id
         )
         self.stats["answered"] += 1
+        metrics.MESSAGES.labels("failure_notice" if reply == FAILURE_NOTICE else "answered").inc()
 
     async def _ask(self, uuid: str, channel: str) -> str:
-        context = await self.store.context(uuid, channel)
+        with metrics.CONTEXT_SECONDS.time():
+            context = await self.store.context(uuid, channel)
         messages = [{"role": "system", "content": self.settings.llm.system_prompt}]
         messages += [m.to_openai() for m in context]
         try:
-            return await self.chat.complete(messages)
+            with metrics.LLM_SECONDS.time():
+                return await self.chat.complete(messages)
         except LlmUnavailable as exc:
             self.stats["llm_failures"] += 1
+            metrics.LLM_ERRORS.labels("unavailable").inc()
             log.warning("LLM unavailable (%s); answering with a failure notice", exc)
             return FAILURE_NOTICE
 
@@ -314,6 +324,7 @@ class Worker:
         if page.turns and page.turns[0].seq == receipt.seq:
             await self._publish(uuid, channel, page.turns[0].text, entry_id, receipt.session_id)
         self.stats["republished"] += 1
+        metrics.MESSAGES.labels("republished").inc()
         return True
 
     async def _publish(

@@ -32,6 +32,7 @@ from worker.records import (
     ReasonCode,
     Receipt,
     Record,
+    StoreStats,
     TurnPage,
 )
 from worker.redaction import DEFAULT_REDACTOR
@@ -183,6 +184,10 @@ class ConversationStore:
     def receipt(self, avatar_uuid: str, channel: str, idempotency_key: str) -> Receipt | None:
         """The receipt of a recorded idempotency key in the live session, or None."""
         return self._drive(self._ops.receipt(avatar_uuid, channel, idempotency_key))
+
+    def stats(self) -> StoreStats:
+        """Sessions per channel, stored bytes, redactions and events by reason. Counts only."""
+        return self._drive(self._ops.stats())
 
     def flush(self) -> SnapshotInfo | None:
         """Write every live session to a new snapshot generation; None when persistence is off.
@@ -428,6 +433,9 @@ class AsyncConversationStore:
 
     async def receipt(self, avatar_uuid: str, channel: str, idempotency_key: str) -> Receipt | None:
         return await self._drive(self._ops.receipt(avatar_uuid, channel, idempotency_key))
+
+    async def stats(self) -> StoreStats:
+        return await self._drive(self._ops.stats())
 
     @property
     def scripts(self) -> Scripts:

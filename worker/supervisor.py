@@ -21,7 +21,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from worker.config import Settings
 from worker.embedded import EmbeddedValkey
@@ -58,6 +60,8 @@ class Supervisor:
         self._now_stop = threading.Event()
         self._slots = [Slot() for _ in range(settings.worker.processes)]
         self._context = multiprocessing.get_context("spawn")
+        self._metrics_dir: Path | None = None
+        self._metrics_server: Any = None
 
     def stop(self, *, immediately: bool = False) -> None:
         if self._stop.is_set() or immediately:
@@ -82,6 +86,19 @@ class Supervisor:
 
     # -- start --------------------------------------------------------------------------
 
+    def _start_metrics(self) -> None:
+        """Metrics only when a port is set; the directory must exist before workers spawn."""
+        port = self.settings.metrics.port
+        if port is None:
+            return
+        from worker import metrics
+
+        self._metrics_dir = self.settings.storage_path / "metrics"
+        metrics.prepare_multiprocess_dir(self._metrics_dir)
+        assert self.store is not None
+        self._metrics_server = metrics.serve(port, self._metrics_dir, self.store.stats)
+        log.info("metrics on http://127.0.0.1:%d/metrics", port)
+
     def _start_store(self) -> None:
         settings = self.settings
         if self.url is None:
@@ -105,6 +122,7 @@ class Supervisor:
                 log.warning("snapshot generation %d quarantined: %s", bad.generation, bad.cause)
         service = KeySpace(conversation.namespace, conversation.shards).service()
         self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
+        self._start_metrics()
         for slot in self._slots:
             self._spawn(slot)
 
@@ -146,6 +164,10 @@ class Supervisor:
             if process is not None and not process.is_alive():
                 log.warning("worker process %s exited with %s", process.pid, process.exitcode)
                 process.join()
+                if self._metrics_dir is not None and process.pid is not None:
+                    from worker.metrics import process_gone
+
+                    process_gone(process.pid, self._metrics_dir)
                 slot.process = None
                 slot.restarts = [t for t in slot.restarts if now - t < 60] + [now]
                 # crash-looping: wait longer before each new try
@@ -189,6 +211,8 @@ class Supervisor:
             if self.settings.conversation.persistence_enabled:
                 self._maintain("flush")
             self.store.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         if self.embedded is not None:
             self.embedded.stop()
             log.info("private Valkey stopped")
