@@ -3,7 +3,11 @@
 -- KEYS[1] = gm:{shard}:lru:public  (zset)  public sessions
 -- KEYS[2] = gm:{shard}:lru:im      (zset)  IM sessions
 -- KEYS[3] = gm:{shard}:stats       (hash)  bytes, redactions, events:<reason> counts
--- Returns: {public sessions, IM sessions, {field, value, ...}}
+-- KEYS[4] = gm:{shard}:limits      (hash)  the limits the service runs with, if published
+-- Returns: {public sessions, IM sessions, {stats field, value, ...}, {limit, value, ...}}
 -- Errors:  none
 
-return { redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[3]) }
+return {
+  redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2]),
+  redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[4]),
+}

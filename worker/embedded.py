@@ -127,6 +127,8 @@ class EmbeddedValkey:
                 try:
                     if probe.ping():
                         return
+                except (redis.AuthenticationError, redis.ResponseError):
+                    return  # it answered (asking for a password, say): it is up
                 except (redis.ConnectionError, FileNotFoundError):
                     pass
                 if time.monotonic() > deadline:

@@ -14,6 +14,7 @@ Layout (namespace "gm", shard 0):
     gm:{0}:events                       stream  events, exact MAXLEN
     gm:{0}:stats                        hash    bytes: the shard's stored bytes, kept exact
     gm:{0}:restored                     string  generation restored from (snapshots)
+    gm:{0}:limits                       hash    the limits the service runs with (for operators)
 
     gm:inbound / gm:outbound / gm:dead  stream  the worker service's stream contract
     {gm:inbound}:ready                  set     conversation keys with inbound entries waiting
@@ -65,6 +66,7 @@ class ShardKeys:
     events: str
     stats: str
     restored: str
+    limits: str
 
     def lru(self, channel: Channel) -> str:
         return self.lru_public if channel is Channel.PUBLIC else self.lru_im
@@ -137,4 +139,5 @@ class KeySpace:
             events=p + "events",
             stats=p + "stats",
             restored=p + "restored",
+            limits=p + "limits",
         )

@@ -243,10 +243,10 @@ class Operations:
         sessions = {Channel.PUBLIC: 0, Channel.IM: 0}
         totals: Counter[str] = Counter()
         for shard in self.keys.all_shards():
-            public, im, fields = yield self.scripts.read_stats(shard)
-            sessions[Channel.PUBLIC] += public
-            sessions[Channel.IM] += im
-            totals.update({k: int(v) for k, v in fields.items() if v.lstrip("-").isdigit()})
+            reply = yield self.scripts.read_stats(shard)
+            sessions[Channel.PUBLIC] += reply.public
+            sessions[Channel.IM] += reply.im
+            totals.update({k: int(v) for k, v in reply.stats.items() if v.lstrip("-").isdigit()})
         events = {
             code: totals[f"events:{code.value}"]
             for code in ReasonCode
@@ -258,6 +258,12 @@ class Operations:
             redactions=totals["redactions"],
             events=events,
         )
+
+    def publish_limits(self) -> Op[None]:
+        """Record the configured limits in every shard, for operators' `stats`."""
+        limits = self.config.limits.model_dump()
+        for shard in self.keys.all_shards():
+            yield self.scripts.publish_limits(shard, limits)
 
     # -- snapshots -------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "mark_restored",
     "read_receipt",
     "read_stats",
+    "publish_limits",
     "ensure_group",
     "take_inbound",
     "claim_key",
@@ -311,8 +312,16 @@ def _parse_step(raw: Sequence[Any]) -> KeyStep:
     return KeyStep(values[0], values[1] if len(values) > 1 else "")
 
 
-def _parse_stats(raw: Sequence[Any]) -> tuple[int, int, dict[str, str]]:
-    return int(raw[0]), int(raw[1]), _parse_fields(raw[2])
+@dataclass(frozen=True, slots=True)
+class StatsReply:
+    public: int
+    im: int
+    stats: dict[str, str]
+    limits: dict[str, str]
+
+
+def _parse_stats(raw: Sequence[Any]) -> StatsReply:
+    return StatsReply(int(raw[0]), int(raw[1]), _parse_fields(raw[2]), _parse_fields(raw[3]))
 
 
 def _parse_fields(raw: Sequence[Any]) -> dict[str, str]:
@@ -564,10 +573,17 @@ class Scripts:
             _parse_receipt,
         )
 
-    def read_stats(self, shard: ShardKeys) -> ScriptCall[tuple[int, int, dict[str, str]]]:
+    def read_stats(self, shard: ShardKeys) -> ScriptCall[StatsReply]:
         return self._call(
-            "read_stats", (shard.lru_public, shard.lru_im, shard.stats), (), _parse_stats
+            "read_stats",
+            (shard.lru_public, shard.lru_im, shard.stats, shard.limits),
+            (),
+            _parse_stats,
         )
+
+    def publish_limits(self, shard: ShardKeys, limits: dict[str, int]) -> ScriptCall[int]:
+        pairs = [str(x) for kv in sorted(limits.items()) for x in kv]
+        return self._call("publish_limits", (shard.limits,), pairs, int)
 
     def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
         return self._call(

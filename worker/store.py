@@ -189,6 +189,10 @@ class ConversationStore:
         """Sessions per channel, stored bytes, redactions and events by reason. Counts only."""
         return self._drive(self._ops.stats())
 
+    def publish_limits(self) -> None:
+        """Record the configured limits in Redis, where `bin/gridmem-cli stats` shows them."""
+        self._drive(self._ops.publish_limits())
+
     def flush(self) -> SnapshotInfo | None:
         """Write every live session to a new snapshot generation; None when persistence is off.
 

@@ -122,6 +122,7 @@ class Supervisor:
                 log.warning("snapshot generation %d quarantined: %s", bad.generation, bad.cause)
         service = KeySpace(conversation.namespace, conversation.shards).service()
         self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
+        self.store.publish_limits()
         self._start_metrics()
         for slot in self._slots:
             self._spawn(slot)

@@ -1,0 +1,17 @@
+-- publish_limits: record the limits a store runs with, for operators' `stats`.
+-- KEYS[1] = gm:{shard}:limits  (hash)  limit name -> value
+-- ARGV[1..] = name, value pairs; names are lowercase words, values integers >= 0
+-- Returns: the number of limits recorded
+-- Errors:  "GM_BADARG <field>" on a malformed argument
+
+if #ARGV == 0 or #ARGV % 2 ~= 0 then bad_field = 'limits' end
+for i = 1, #ARGV, 2 do
+  arg_str('limit', ARGV[i], '^[%l_]+$')
+  arg_int(ARGV[i] or 'limit', ARGV[i + 1], 0)
+end
+local err = arg_error()
+if err then return err end
+
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return #ARGV / 2
