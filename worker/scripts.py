@@ -333,6 +333,20 @@ def _parse_texts(raw: Sequence[Any]) -> list[str]:
     return [text(v) for v in raw]
 
 
+def _writer_keys(session: SessionKeys, shard: ShardKeys) -> tuple[str, ...]:
+    """KEYS of the scripts that write a session and keep its shard's bounds."""
+    return (
+        *session.all(),
+        shard.lru_public,
+        shard.lru_im,
+        shard.sessions,
+        shard.seq,
+        shard.clock,
+        shard.events,
+        shard.stats,
+    )
+
+
 class Scripts:
     """One typed method per Lua script. Holds the sources; never a connection."""
 
@@ -366,16 +380,7 @@ class Scripts:
     ) -> ScriptCall[RecordReply]:
         return self._call(
             "record_turn",
-            (
-                *session.all(),
-                shard.lru_public,
-                shard.lru_im,
-                shard.sessions,
-                shard.seq,
-                shard.clock,
-                shard.events,
-                shard.stats,
-            ),
+            _writer_keys(session, shard),
             (
                 *clock.args(),
                 session.member,
@@ -513,16 +518,7 @@ class Scripts:
         archived = [entry for segment in segments for entry in segment]
         return self._call(
             "restore_session",
-            (
-                *session.all(),
-                shard.lru_public,
-                shard.lru_im,
-                shard.sessions,
-                shard.seq,
-                shard.clock,
-                shard.events,
-                shard.stats,
-            ),
+            _writer_keys(session, shard),
             (
                 *clock.args(),
                 session.member,
