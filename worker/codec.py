@@ -36,9 +36,13 @@ FIELD_NAMES: dict[RecordKind, tuple[str, ...]] = {
 _FIELD_COUNT = {KIND_CODE[kind]: len(names) for kind, names in FIELD_NAMES.items()}
 
 
+# One encoder for every payload: json.dumps() would build it again on each call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def encode_payload(kind: RecordKind, fields: list[str]) -> str:
     """The payload Lua stores after its `<seq>|<wall>|<sid>|` prefix."""
-    return json.dumps([KIND_CODE[kind], *fields], ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode([KIND_CODE[kind], *fields])
 
 
 class StoredEntry(NamedTuple):
@@ -54,38 +58,49 @@ class StoredEntry(NamedTuple):
     fields: tuple[str, ...]
 
 
-def decode_entries(entries: list[str], session_id: str | None = None) -> list[StoredEntry]:
-    """Parse transcript entries; anything malformed is CorruptRecord, never model input.
+def read_entries(
+    entries: list[str], session_id: str | None = None
+) -> tuple[list[list[str]], list[list[str]]]:
+    """(heads, payloads) of transcript entries, checked; anything malformed is CorruptRecord.
 
-    With `session_id`, every entry must carry it: isolation is enforced by keys,
-    this catches a store damaged from outside.
+    A head is [seq, wall ms, session id, raw payload]; a payload is [code, field, ...]
+    with every field a string. With `session_id`, every entry must carry it:
+    isolation is enforced by keys, this catches a store damaged from outside.
 
     The payloads are parsed in one json.loads call (a JSON array of them): the
     read path's cost is dominated by per-entry parsing, and Python wrote every
     payload as exactly one JSON array, so a count mismatch reveals tampering.
     """
     if not entries:
-        return []
+        return [], []
     try:
         heads = [entry.split("|", 3) for entry in entries]
         payloads = json.loads("[" + ",".join(head[3] for head in heads) + "]")
         if len(payloads) != len(heads):
             raise ValueError("payload count")
-        if session_id is not None and any(head[2] != session_id for head in heads):
-            raise ValueError("entry of another session")
-        return [_entry(head, payload) for head, payload in zip(heads, payloads, strict=True)]
+        for head, payload in zip(heads, payloads, strict=True):
+            if session_id is not None and head[2] != session_id:
+                raise ValueError("entry of another session")
+            if type(payload) is not list or len(payload) != _FIELD_COUNT[payload[0]] + 1:
+                raise ValueError("wrong fields")
+            for value in payload:
+                if type(value) is not str:
+                    raise TypeError("field is not text")
     except (ValueError, KeyError, TypeError, IndexError):
         raise CorruptRecord("a stored transcript entry cannot be decoded") from None
+    return heads, payloads
 
 
-def _entry(head: list[str], payload: object) -> StoredEntry:
-    if type(payload) is not list or len(payload) != _FIELD_COUNT[payload[0]] + 1:
-        raise ValueError("wrong fields")
-    fields = tuple(payload[1:])
-    for value in fields:
-        if type(value) is not str:
-            raise TypeError("field is not text")
-    return StoredEntry(int(head[0]), int(head[1]), head[2], CODE_KIND[payload[0]], fields)
+def decode_entries(entries: list[str], session_id: str | None = None) -> list[StoredEntry]:
+    """Transcript entries as StoredEntry values (see read_entries)."""
+    heads, payloads = read_entries(entries, session_id)
+    try:
+        return [
+            StoredEntry(int(h[0]), int(h[1]), h[2], CODE_KIND[p[0]], tuple(p[1:]))
+            for h, p in zip(heads, payloads, strict=True)
+        ]
+    except ValueError:
+        raise CorruptRecord("a stored transcript entry cannot be decoded") from None
 
 
 def entry_to_record(entry: StoredEntry) -> dict[str, str]:

@@ -29,6 +29,7 @@ index member for expiry/eviction victims; SESSION_PARTS must match it.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -93,6 +94,8 @@ class KeySpace:
         self.namespace = namespace
         self.shards = shards
         self._shard_keys = tuple(self._build_shard(n) for n in range(shards))
+        # every call names a session's keys; the same residents talk again and again
+        self.session = functools.lru_cache(maxsize=4096)(self._session)  # type: ignore[method-assign]
 
     def prefix(self, shard: int) -> str:
         return f"{self.namespace}:{{{shard}}}:"
@@ -109,7 +112,10 @@ class KeySpace:
         return self._shard_keys
 
     def session(self, avatar_uuid: str, channel: Channel) -> tuple[SessionKeys, ShardKeys]:
-        """A session's keys and its shard's keys (same hash tag)."""
+        """A session's keys and its shard's keys (same hash tag). Cached per instance."""
+        return self._session(avatar_uuid, channel)
+
+    def _session(self, avatar_uuid: str, channel: Channel) -> tuple[SessionKeys, ShardKeys]:
         shard = self.shard_of(avatar_uuid)
         member = session_member(avatar_uuid, channel)
         base = f"{self.prefix(shard)}s:{member}:"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from worker.clock import Clock
-from worker.codec import decode_entries, record_to_entry
+from worker.codec import decode_entries, read_entries, record_to_entry
 from worker.config import ConversationConfig
 from worker.context import project, turn_view
 from worker.errors import InvalidInput
@@ -141,7 +141,7 @@ class Operations:
         reply = yield self.scripts.read_context(session, shard, shard.lru(ch), self._now())
         if not reply.session_id:
             return []
-        return project(reply.summary, decode_entries(reply.entries, reply.session_id))
+        return project(reply.summary, read_entries(reply.entries, reply.session_id)[1])
 
     def read_page(
         self,

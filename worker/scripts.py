@@ -114,10 +114,10 @@ class LuaScript:
     name: str
     source: str
     key_count: int  # from the contract header; the wrappers must pass exactly this many
+    sha: str = ""  # SHA-1 of source, as EVALSHA names it
 
-    @property
-    def sha(self) -> str:
-        return hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
 
 
 def load_scripts(directory: Path | None = None) -> dict[str, LuaScript]:
