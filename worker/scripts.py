@@ -4,7 +4,8 @@ Each method validates nothing (the store did that) and talks to no server: it
 returns a `ScriptCall` naming the script, its KEYS and ARGV, and how to read the
 reply. `ConversationStore` and `AsyncConversationStore` run the same calls, so
 the sync and async doors can never drift apart. Scripts run through redis-py's
-`Script` objects: EVALSHA, and on NOSCRIPT a SCRIPT LOAD and retry.
+EVALSHA, and on NOSCRIPT a SCRIPT LOAD and one retry (store._evalsha; not
+redis-py's `Script` objects, which cost ~15 us a call in Python: docs/benchmarks.md).
 """
 
 from __future__ import annotations
