@@ -16,7 +16,7 @@ idempotency-free path); LlamaIndex's RedisChatStore (RPUSH + EXPIRE, LRANGE +
 pydantic); a hand-written list per session (RPUSH + LTRIM + EXPIRE in one
 pipeline, LRANGE + json). langchain-redis and redisvl histories are tried and
 reported if they cannot run. The server's own ceiling comes from
-redis-benchmark: EVALSHA of a minimal RPUSH script and of gridmem's record_turn.
+redis-benchmark: FCALL of a minimal RPUSH function and of gridmem's record_turn.
 """
 
 from __future__ import annotations
@@ -225,30 +225,29 @@ def server_ceiling(server: EmbeddedValkey, requests: int) -> list[tuple[str, flo
         return [("redis-benchmark / valkey-benchmark", float("nan"))]
     client = server.client()
     client.flushall()
-    minimal = client.script_load("return redis.call('RPUSH', KEYS[1], ARGV[1])")
+    client.function_flush()
+    client.execute_command(
+        "FUNCTION", "LOAD",
+        "#!lua name=bench_minimal\nredis.register_function('bench_rpush', "
+        "function(keys, args) return redis.call('RPUSH', keys[1], args[1]) end)",
+    )  # fmt: skip
     scripts = Scripts()
     record = scripts.by_name["record_turn"]
-    sha = client.script_load(record.source)
+    client.execute_command("FUNCTION", "LOAD", record.library.code)
     session, shard = KeySpace("bench").session(who(1), Channel.PUBLIC)
     call = scripts.record_turn(
         session, shard, ClockReading(1, int(time.time() * 1000), "bench"),
         candidate_session_id="ab" * 16, payload=json.dumps(["a", TEXT]), idempotency_key="",
         redactions=0, truncated=False, max_events=10_000, limits=limits_packet(Limits(), 1),
     )  # fmt: skip
+    minimal = ["FCALL", "bench_rpush", "1", "bench:list", TEXT]
+    full = ["FCALL", record.function, str(len(call.keys)), *call.keys, *map(str, call.args)]
     rows = []
     for label, command, clients in (
-        ("EVALSHA minimal RPUSH, 1 client", ["EVALSHA", minimal, "1", "bench:list", TEXT], 1),
-        (
-            "EVALSHA record_turn, 1 client",
-            ["EVALSHA", sha, str(len(call.keys)), *call.keys, *map(str, call.args)],
-            1,
-        ),
-        ("EVALSHA minimal RPUSH, 50 clients", ["EVALSHA", minimal, "1", "bench:list", TEXT], 50),
-        (
-            "EVALSHA record_turn, 50 clients",
-            ["EVALSHA", sha, str(len(call.keys)), *call.keys, *map(str, call.args)],
-            50,
-        ),
+        ("FCALL minimal RPUSH, 1 client", minimal, 1),
+        ("FCALL record_turn, 1 client", full, 1),
+        ("FCALL minimal RPUSH, 50 clients", minimal, 50),
+        ("FCALL record_turn, 50 clients", full, 50),
     ):
         out = subprocess.run(
             [tool, "-s", str(server.socket_path), "-n", str(requests), "-c", str(clients), "-q", *command],
@@ -258,6 +257,7 @@ def server_ceiling(server: EmbeddedValkey, requests: int) -> list[tuple[str, flo
         rate = float(found.group(1)) if found else float("nan")
         rows.append((label, rate))
     client.flushall()
+    client.function_delete("bench_minimal")
     return rows
 
 

@@ -7,6 +7,7 @@
 -- ARGV[3] = lease_ms (>= 1)
 -- Returns: {'ok', entry_id} (now owned by this worker), {'busy'} (another worker owns it),
 --          {'empty'} (nothing waiting; the key leaves the ready set)
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's mailbox and owner lease are named by mailbox_keys(), inside KEYS[1]'s hash tag.
 

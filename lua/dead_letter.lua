@@ -5,6 +5,7 @@
 --           oversized, unknown_field, gone
 -- ARGV[3] = max_entries (exact MAXLEN)
 -- Returns: the dead-letter entry's ID
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local id = arg_str('entry_id', ARGV[1], '^%d+%-%d+$')

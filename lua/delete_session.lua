@@ -16,6 +16,7 @@
 -- ARGV[3]  = reason: 'deleted_operator' or 'expired_operator'
 -- ARGV[4]  = max_events
 -- Returns: 1 if a session was removed (one event), 0 if there was none (no event)
+-- Flags:   allow-oom (it frees memory, so it must run when the server is full)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local wall = arg_int('now_wall', ARGV[1], 0)

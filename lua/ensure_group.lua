@@ -4,6 +4,7 @@
 -- KEYS[1] = gm:inbound  (stream)  what residents said, written by the grid bridge
 -- ARGV[1] = group name
 -- Returns: 1 if the group was created, 0 if it existed
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local group = arg_str('group', ARGV[1], '^[%w%-_.:]+$')

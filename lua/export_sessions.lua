@@ -16,6 +16,7 @@
 -- Returns: {next_after ('' at the end),
 --           {member, session_id, created_ms, active_ms, summary, {record, ...}, {key, receipt, ...},
 --            archive segments ('first-last-bytes,...'), {archived record, ...}}, ...}
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Reads each exported session's keys by name (session_keys), inside this shard's hash tag.
 

@@ -13,6 +13,7 @@
 -- ARGV[6] = release (0|1): give the key up even if entries wait
 -- Returns: {'ok', next_entry_id} (still owned), {'empty'}, {'released'}, {'done'} (no member),
 --          {'lost'} (the lease had passed to another worker, which answers the rest)
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's mailbox and owner lease are named by mailbox_keys(), inside KEYS[2]'s hash tag.
 

@@ -1,8 +1,13 @@
 -- lib.lua: helpers shared by every gridmem script.
--- The loader (worker/scripts.py, bin/gridmem-cli) prepends this file once to each
--- script, so everything here is a local of that script. Nothing here touches a
--- key the script was not given in KEYS, except session_keys(), which names an
--- expiry/eviction victim (or a listed session) inside the same hash tag.
+-- The store runs every script as a function of one function library whose code
+-- starts with this file (worker/scripts.py: FUNCTION LOAD once, then FCALL), so
+-- this file runs once per load, not once per call; bin/gridmem-cli and the Lua
+-- tests prepend it to a single script for EVAL instead. Either way everything
+-- here is local to the scripts. State that must not outlive a call (bad_field)
+-- is reset by each function's first line.
+-- Nothing here touches a key the script was not given in KEYS, except
+-- session_keys(), which names an expiry/eviction victim (or a listed session)
+-- inside the same hash tag.
 -- Errors: helpers never raise; arg_* remember the first bad field and the
 -- script returns arg_error() before its first write.
 
@@ -16,14 +21,16 @@ local LIMIT_FIELDS = {
   'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
   'archive', 'max_archive_segments', 'max_archive_bytes',
 }
+-- Spelled with `..` alone: a function library's load-time code cannot reach the
+-- string library (FUNCTION LOAD refuses it).
 local H = '[0-9a-f]'
-local UUID_BODY = string.rep(H, 8) .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 4)
-  .. '%-' .. string.rep(H, 4) .. '%-' .. string.rep(H, 12)
+local H4 = H .. H .. H .. H
+local UUID_BODY = H4 .. H4 .. '%-' .. H4 .. '%-' .. H4 .. '%-' .. H4 .. '%-' .. H4 .. H4 .. H4
 -- A canonical (lowercase) avatar UUID, and a session member '<uuid>:<channel>'.
 local UUID_PATTERN = '^' .. UUID_BODY .. '$'
 local MEMBER_PATTERN = '^(' .. UUID_BODY .. '):(%l+)$'
 -- A session ID: 128 bits as 32 lowercase hex digits.
-local SESSION_ID_PATTERN = '^' .. string.rep(H, 32) .. '$'
+local SESSION_ID_PATTERN = '^' .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. '$'
 
 -- ---------------------------------------------------------------- arguments
 

@@ -13,6 +13,7 @@
 -- ARGV[4] = after: member '<uuid>:<channel>' of the previous page's end, '' to start
 -- ARGV[5] = limit (1..1000)
 -- Returns: {next_after ('' at the end), {member, session_id, created_ms, active_ms, turns, bytes}, ...}
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Reads each listed session's meta hash by name (session_keys), inside this shard's hash tag.
 

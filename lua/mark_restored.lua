@@ -4,6 +4,7 @@
 -- KEYS[1] = gm:{0}:restored  (string)  generation number restored
 -- ARGV[1] = generation to record, or '' to only read the marker
 -- Returns: the marker's value before this call, '' if unset
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local generation = ''

@@ -3,6 +3,7 @@
 -- KEYS[1] = {gm:inbound}:ready  (set)  keys with entries waiting
 -- ARGV[1] = sample size (1..1000)
 -- Returns: {member, ...} without an owner lease
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Owner leases are named by mailbox_keys(), inside KEYS[1]'s hash tag.
 

@@ -10,6 +10,7 @@
 -- ARGV[5] = member '<uuid>:<channel>', '' for none
 -- ARGV[6..] = detail: field, value pairs; fields lowercase words, values [%w_.:-]*
 -- Returns: the new event's stream ID
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local wall = arg_int('now_wall', ARGV[1], 0)

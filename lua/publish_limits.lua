@@ -2,6 +2,7 @@
 -- KEYS[1] = gm:{shard}:limits  (hash)  limit name -> value
 -- ARGV[1..] = name, value pairs; names are lowercase words, values integers >= 0
 -- Returns: the number of limits recorded
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 if #ARGV == 0 or #ARGV % 2 ~= 0 then bad_field = 'limits' end

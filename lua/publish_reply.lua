@@ -7,6 +7,7 @@
 -- ARGV[5] = session ID
 -- ARGV[6] = max_entries (approximate MAXLEN: the bridge reads as they come)
 -- Returns: the outbound entry's ID
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local uuid = arg_str('avatar_uuid', ARGV[1], UUID_PATTERN)

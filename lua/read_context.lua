@@ -11,6 +11,7 @@
 -- ARGV[4] = member '<uuid>:<channel>'
 -- Returns: {session_id, summary, {record, record, ...}} records oldest first;
 --          {'', '', {}} when there is no live session
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])

@@ -4,6 +4,7 @@
 -- ARGV[1] = after: stream ID of the last event seen (exclusive), '' for the oldest kept
 -- ARGV[2] = count (1..10000)
 -- Returns: {{id, field, value, field, value, ...}, ...}
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local after = ''

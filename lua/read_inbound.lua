@@ -3,6 +3,7 @@
 -- KEYS[1] = gm:inbound  (stream)  inbound entries
 -- ARGV[1] = entry ID
 -- Returns: {field, value, ...}, or {} if the entry is gone
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local id = arg_str('entry_id', ARGV[1], '^%d+%-%d+$')

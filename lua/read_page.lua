@@ -16,6 +16,7 @@
 -- ARGV[6] = direction: 'backward' (older than anchor) or 'forward' (newer than anchor)
 -- ARGV[7] = limit (1..200)
 -- Returns: {has_more(0|1), record, record, ...} oldest first; {0} for no live session
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])

@@ -11,6 +11,7 @@
 -- ARGV[4] = member '<uuid>:<channel>'
 -- ARGV[5] = idempotency key
 -- Returns: {session_id, 'seq:new:redactions:truncated'}, or {'', ''} if none
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])

@@ -5,6 +5,7 @@
 -- KEYS[3] = gm:{shard}:stats       (hash)  bytes, redactions, events:<reason> counts
 -- KEYS[4] = gm:{shard}:limits      (hash)  the limits the service runs with, if published
 -- Returns: {public sessions, IM sessions, {stats field, value, ...}, {limit, value, ...}}
+-- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  none
 
 return {

@@ -30,6 +30,7 @@
 -- ARGV[10] = max_events (exact MAXLEN of the event stream)
 -- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (lib.lua)
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
 --          "GM_CORRUPT idem" when a stored receipt cannot be read
 

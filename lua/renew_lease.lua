@@ -4,6 +4,7 @@
 -- ARGV[2] = owner: this worker's name
 -- ARGV[3] = lease_ms (>= 1)
 -- Returns: 1 if renewed, 0 if this worker no longer owns the key
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's owner lease is named by mailbox_keys(), inside KEYS[1]'s hash tag.
 

@@ -35,6 +35,7 @@
 --            live records; entries and records are '<seq>|<wall ms>|<session id>|<payload>',
 --            seq strictly increasing across both
 -- Returns: 1 if restored, 0 if a live session already had this key (nothing written)
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
 
 local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])

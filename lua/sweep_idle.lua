@@ -12,6 +12,7 @@
 -- ARGV[4] = batch: most sessions to expire in this call (1..1000)
 -- ARGV[5] = max_events
 -- Returns: number of sessions expired (event expired_inactivity each)
+-- Flags:   allow-oom (it frees memory, so it must run when the server is full)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Victims' keys are named by session_keys() inside this shard's hash tag.
 

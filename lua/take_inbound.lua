@@ -10,6 +10,7 @@
 -- ARGV[2] = consumer name
 -- ARGV[3] = count: most entries to take (1..1000)
 -- Returns: {{entry_id, member '<uuid>:<channel>' or '', reason ('' or a dead-letter code)}, ...}
+-- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 --          "GM_NOGROUP <group>" when the stream or the group is gone (the server lost its data)
 -- Mailboxes ({gm:inbound}:mbox:<member>, list) are named from the entries, inside the stream's hash tag.

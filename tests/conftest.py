@@ -66,6 +66,7 @@ def redis(backend: str, request: pytest.FixtureRequest) -> Iterator[redis_py.Red
         client = servers[backend].client()
         client.flushall()
         client.script_flush()
+        client.function_flush()
     yield client
     client.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -356,7 +357,9 @@ def test_contract_header_and_key_count(name: str) -> None:
     header = body.split("\n\n", 1)[0]
     assert header.startswith(f"-- {name}: ")
     assert all(line.startswith("--") for line in header.splitlines())
-    assert "-- Returns:" in header and "-- Errors:" in header
+    assert "-- Returns:" in header and "-- Errors:" in header and "-- Flags:" in header
+    if "Read-only" in header:
+        assert SCRIPTS[name].flags == ("no-writes",)
     declared = [int(n) for n in re.findall(r"^-- KEYS\[(\d+)\]", header, re.MULTILINE)]
     assert declared == list(range(1, len(declared) + 1)) and declared
     used_keys = {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", body.split("\n\n", 1)[1])}
@@ -561,3 +564,15 @@ class TestMarkRestored:
     def test_bad_argument(self, run: Run) -> None:
         with pytest.raises(BadScriptArgument, match="GM_BADARG generation"):
             run("mark_restored", [SHARD.restored], ["four"])
+
+
+def test_a_script_must_state_its_flags(tmp_path: Path) -> None:
+    """Flags decide how a full server treats a script: no script gets them by default."""
+    for path in lua_dir().glob("*.lua"):
+        (tmp_path / path.name).write_text(path.read_text())
+    body = (tmp_path / "read_stats.lua").read_text()
+    (tmp_path / "read_stats.lua").write_text(
+        "\n".join(line for line in body.splitlines() if not line.startswith("-- Flags:"))
+    )
+    with pytest.raises(ValueError, match=r"read_stats\.lua: its header needs"):
+        load_scripts(tmp_path)

@@ -12,6 +12,7 @@ from tests.conftest import short_tempdir
 from tests.helpers import avatar
 from worker import (
     AvatarMessage,
+    Channel,
     ConversationConfig,
     ConversationStore,
     CorruptRecord,
@@ -42,8 +43,9 @@ def test_text_over_limit_is_stored_truncated(make_store: Any) -> None:
     assert len(texts[1].encode()) <= 40 and texts[2] == "ü" * 25
 
 
-def test_script_error_is_mapped_and_not_retried(store: ConversationStore, redis: Any) -> None:
-    calls = []
+def counting_commands(redis: Any) -> list[str]:
+    """The command names the client sends from now on."""
+    calls: list[str] = []
     original = redis.execute_command
 
     def counting(*args: Any, **kw: Any) -> Any:
@@ -51,17 +53,72 @@ def test_script_error_is_mapped_and_not_retried(store: ConversationStore, redis:
         return original(*args, **kw)
 
     redis.execute_command = counting
+    return calls
+
+
+def test_script_error_is_mapped_and_not_retried(store: ConversationStore, redis: Any) -> None:
+    calls = counting_commands(redis)
     bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
-        store._run(bad)  # loads the script (NOSCRIPT -> SCRIPT LOAD -> EVALSHA)
+        store._run(bad)
+    assert calls == ["FCALL", "FUNCTION", "FCALL"]  # a new server: the library is loaded once
     calls.clear()
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
         store._run(bad)
-    assert calls == ["EVALSHA"]
+    assert calls == ["FCALL"]
+
+
+def test_a_refused_call_leaves_no_state_for_the_next(store: ConversationStore) -> None:
+    """Library functions share lib.lua's locals between calls: bad_field must not stick."""
+    bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
+    with pytest.raises(BadScriptArgument):
+        store._run(bad)
+    store.record(A, "public", AvatarMessage(text="still fine"))
+    assert [m.content for m in store.context(A, "public")] == ["still fine"]
+    assert store.events() == []
+
+
+def test_library_loaded_by_another_worker_meanwhile(store: ConversationStore, redis: Any) -> None:
+    """Two workers may both find the library missing; the second FUNCTION LOAD is refused."""
+    library = store._ops.scripts.by_name["record_turn"].library
+    original = redis.execute_command
+
+    def racing(*args: Any, **kw: Any) -> Any:
+        if args[0] == "FUNCTION":
+            original(*args, **kw)  # the other worker wins the race
+        return original(*args, **kw)
+
+    redis.execute_command = racing
+    assert store.record(A, "public", AvatarMessage(text="hi")).seq == 1
+    assert [lib[1].decode() for lib in redis.function_list(library=library.name)] == [library.name]
+
+
+def test_functions_carry_their_declared_flags(store: ConversationStore, redis: Any) -> None:
+    store.record(A, "public", AvatarMessage(text="loads the library"))
+    library = store._ops.scripts.by_name["read_context"].library
+    [listed] = redis.function_list(library=library.name)
+    flags = {fields[1].decode(): {flag.decode() for flag in fields[5]} for fields in listed[5]}
+    assert flags[library.name + "_read_context"] == {"no-writes"}
+    assert flags[library.name + "_delete_session"] == {"allow-oom"}
+    assert flags[library.name + "_record_turn"] == set()
+    assert len(flags) == len(store._ops.scripts.by_name)
+
+
+def test_versions_side_by_side(store: ConversationStore, redis: Any) -> None:
+    """Another gridmem version's library does not disturb this one's functions."""
+    scripts = store._ops.scripts.by_name
+    other = scripts["read_stats"].library.code.replace(
+        scripts["read_stats"].library.name, "gridmem_other"
+    )
+    redis.execute_command("FUNCTION", "LOAD", other)
+    store.record(A, "public", AvatarMessage(text="hi"))
+    assert store.stats().sessions[Channel.PUBLIC] == 1
+    names = {lib[1].decode() for lib in redis.function_list()}
+    assert {"gridmem_other", scripts["read_stats"].library.name} <= names
 
 
 class FlakyClient(redis_py.Redis):
-    """Drops the connection on the first EVALSHA after `arm()`."""
+    """Drops the connection on the first FCALL after `arm()`."""
 
     armed = False
 
@@ -69,7 +126,7 @@ class FlakyClient(redis_py.Redis):
         self.armed = True
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
-        if self.armed and args[0] == "EVALSHA":
+        if self.armed and args[0] == "FCALL":
             self.armed = False
             raise redis_py.ConnectionError("connection reset (test)")
         return super().execute_command(*args, **options)

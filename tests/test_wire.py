@@ -75,7 +75,7 @@ def test_no_secret_reaches_redis(real_servers: dict[str, EmbeddedValkey]) -> Non
     stored = dump_all(client)
     shown = "\n".join(contexts)
     # the monitor saw the recording traffic (and the markers it carried)
-    assert "EVALSHA" in wire and "[REDACTED:" in wire
+    assert "FCALL" in wire and "[REDACTED:" in wire
     for secret in secrets:
         assert secret not in wire, secret
         assert secret not in stored, secret

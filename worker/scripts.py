@@ -3,9 +3,17 @@
 Each method validates nothing (the store did that) and talks to no server: it
 returns a `ScriptCall` naming the script, its KEYS and ARGV, and how to read the
 reply. `ConversationStore` and `AsyncConversationStore` run the same calls, so
-the sync and async doors can never drift apart. Scripts run through redis-py's
-EVALSHA, and on NOSCRIPT a SCRIPT LOAD and one retry (store._evalsha; not
-redis-py's `Script` objects, which cost ~15 us a call in Python: docs/benchmarks.md).
+the sync and async doors can never drift apart.
+
+The store runs every script as a function of one Redis function library
+(`FunctionLibrary`: lib.lua once, then each script wrapped as a function): on
+"Function not found" it does FUNCTION LOAD and retries once (store._fcall). A
+library is named after a hash of its code, so workers of different versions
+sharing one server each call their own functions. Compared with EVALSHA of a
+script with lib.lua prepended, the helpers are defined once per load instead of
+on every call: about 7 us less server time per call (docs/benchmarks.md). Each
+script also stays a standalone source (lib.lua + script) for EVAL, which
+bin/gridmem-cli and the Lua tests use.
 """
 
 from __future__ import annotations
@@ -108,29 +116,77 @@ def lua_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "lua"
 
 
+_FLAGS_LINE = re.compile(r"^-- Flags:\s+(\S+)", re.MULTILINE)
+# The script flags a gridmem function may declare; "none" declares none.
+_KNOWN_FLAGS = {"no-writes", "allow-oom", "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionLibrary:
+    """Every script as a function of one library: FUNCTION LOAD once, then FCALL."""
+
+    name: str  # gridmem_<hash of the code>: another version's library loads beside it
+    code: str
+
+
 @dataclass(frozen=True, slots=True)
 class LuaScript:
-    """One script with lib.lua prepended: what the server actually runs."""
+    """One script: its function in the library, and a standalone source for EVAL."""
 
     name: str
-    source: str
+    source: str  # lib.lua + the script, for EVAL (bin/gridmem-cli, the Lua tests)
     key_count: int  # from the contract header; the wrappers must pass exactly this many
-    sha: str = ""  # SHA-1 of source, as EVALSHA names it
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
+    flags: tuple[str, ...]  # from the contract header's Flags line
+    function: str  # its name in `library`, for FCALL
+    library: FunctionLibrary
 
 
 def load_scripts(directory: Path | None = None) -> dict[str, LuaScript]:
-    """Read lib.lua and every script once."""
+    """Read lib.lua and every script once, and build the function library."""
     directory = directory or lua_dir()
     lib = (directory / "lib.lua").read_text(encoding="utf-8")
+    bodies = {
+        name: (directory / f"{name}.lua").read_text(encoding="utf-8") for name in SCRIPT_NAMES
+    }
+    flags = {name: _flags(name, body) for name, body in bodies.items()}
+    functions = [_function_code(name, body) for name, body in bodies.items()]
+    body_code = "\n".join([lib, *functions])
+    tag = hashlib.sha1(body_code.encode("utf-8")).hexdigest()[:16]
+    library_name = f"gridmem_{tag}"
+    registrations = [
+        f"redis.register_function{{function_name='{library_name}_{name}', "
+        f"callback=script_{name}, flags={{{', '.join(repr(f) for f in flags[name])}}}}}"
+        for name in SCRIPT_NAMES
+    ]
+    library = FunctionLibrary(
+        library_name, "\n".join([f"#!lua name={library_name}", body_code, *registrations, ""])
+    )
     scripts = {}
-    for name in SCRIPT_NAMES:
-        body = (directory / f"{name}.lua").read_text(encoding="utf-8")
+    for name, body in bodies.items():
         declared = [int(n) for n in _KEYS_LINE.findall(body)]
-        scripts[name] = LuaScript(name, f"{lib}\n{body}", max(declared, default=0))
+        scripts[name] = LuaScript(
+            name,
+            f"{lib}\n{body}",
+            max(declared, default=0),
+            flags[name],
+            f"{library_name}_{name}",
+            library,
+        )
     return scripts
+
+
+def _flags(name: str, body: str) -> tuple[str, ...]:
+    """The Flags line of a script's header: each script states its flags on purpose."""
+    found = _FLAGS_LINE.search(body)
+    if found is None or found.group(1) not in _KNOWN_FLAGS:
+        raise ValueError(f"lua/{name}.lua: its header needs '-- Flags: no-writes|allow-oom|none'")
+    return () if found.group(1) == "none" else (found.group(1),)
+
+
+def _function_code(name: str, body: str) -> str:
+    """A script as a library function. Its parameters are named KEYS and ARGV, so the
+    script's text is the same as for EVAL; bad_field is per call, not per load."""
+    return f"local function script_{name}(KEYS, ARGV)\nbad_field = nil\n{body}\nend"
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,16 @@ def translate(exc: redis.ResponseError) -> Exception:
     return script_error_from_reply(str(exc)) or exc
 
 
+def is_function_missing(exc: redis.ResponseError) -> bool:
+    """FCALL of a function the server does not have (a new server, or FUNCTION FLUSH)."""
+    return str(exc).startswith("Function not found")
+
+
+def is_library_present(exc: redis.ResponseError) -> bool:
+    """FUNCTION LOAD of a library another worker loaded first."""
+    return str(exc).startswith("Library ") and "already exists" in str(exc)
+
+
 class ConversationStore:
     """Bounded, isolated conversation memory over one Redis-compatible server.
 
@@ -343,11 +353,11 @@ class ConversationStore:
     def _run(self, call: ScriptCall[Any]) -> Any:
         try:
             try:
-                raw = self._evalsha(call)
+                raw = self._fcall(call)
             except RETRYABLE:
                 if not call.idempotent:
                     raise
-                raw = self._retrying(self._evalsha, call)
+                raw = self._retrying(self._fcall, call)
         except redis.ResponseError as exc:
             raise translate(exc) from None
         return call.parse(raw)
@@ -356,19 +366,26 @@ class ConversationStore:
         client: Any = self.redis  # redis-py leaves execute_command untyped
         return client.execute_command(*args)
 
-    def _evalsha(self, call: ScriptCall[Any]) -> Any:
-        """EVALSHA, loading the script once if the server does not have it (NOSCRIPT).
+    def _fcall(self, call: ScriptCall[Any]) -> Any:
+        """FCALL, loading gridmem's function library first if the server lacks it.
 
-        Called directly rather than through redis-py's Script objects: the hot
-        path then costs one dictionary lookup less per call and builds no tuples.
+        Called directly rather than through redis-py's fcall(): the hot path then
+        builds no extra tuples. Another worker may load the library at the same
+        moment; "already exists" then means it is there.
         """
         script = call.script
         args = (len(call.keys), *call.keys, *call.args)
         try:
-            return self._command("EVALSHA", script.sha, *args)
-        except redis.exceptions.NoScriptError:
-            self._command("SCRIPT", "LOAD", script.source)
-            return self._command("EVALSHA", script.sha, *args)
+            return self._command("FCALL", script.function, *args)
+        except redis.ResponseError as exc:
+            if not is_function_missing(exc):
+                raise
+            try:
+                self._command("FUNCTION", "LOAD", script.library.code)
+            except redis.ResponseError as load_error:
+                if not is_library_present(load_error):
+                    raise
+            return self._command("FCALL", script.function, *args)
 
 
 class AsyncConversationStore:
@@ -482,12 +499,12 @@ class AsyncConversationStore:
     async def _run(self, call: ScriptCall[Any]) -> Any:
         try:
             try:
-                raw = await self._evalsha(call)
+                raw = await self._fcall(call)
             except RETRYABLE:
                 if not call.idempotent:
                     raise
                 # a copy: a Retrying object keeps its attempt state, and calls run concurrently
-                raw = await self._retrying.copy()(self._evalsha, call)
+                raw = await self._retrying.copy()(self._fcall, call)
         except redis.ResponseError as exc:
             raise translate(exc) from None
         return call.parse(raw)
@@ -496,12 +513,18 @@ class AsyncConversationStore:
         client: Any = self.redis  # redis-py leaves execute_command untyped
         return await client.execute_command(*args)
 
-    async def _evalsha(self, call: ScriptCall[Any]) -> Any:
-        """As ConversationStore._evalsha."""
+    async def _fcall(self, call: ScriptCall[Any]) -> Any:
+        """As ConversationStore._fcall."""
         script = call.script
         args = (len(call.keys), *call.keys, *call.args)
         try:
-            return await self._command("EVALSHA", script.sha, *args)
-        except redis.exceptions.NoScriptError:
-            await self._command("SCRIPT", "LOAD", script.source)
-            return await self._command("EVALSHA", script.sha, *args)
+            return await self._command("FCALL", script.function, *args)
+        except redis.ResponseError as exc:
+            if not is_function_missing(exc):
+                raise
+            try:
+                await self._command("FUNCTION", "LOAD", script.library.code)
+            except redis.ResponseError as load_error:
+                if not is_library_present(load_error):
+                    raise
+            return await self._command("FCALL", script.function, *args)
