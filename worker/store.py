@@ -373,19 +373,18 @@ class ConversationStore:
         builds no extra tuples. Another worker may load the library at the same
         moment; "already exists" then means it is there.
         """
-        script = call.script
-        args = (len(call.keys), *call.keys, *call.args)
+        command = ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
         try:
-            return self._command("FCALL", script.function, *args)
+            return self._command(*command)
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
             try:
-                self._command("FUNCTION", "LOAD", script.library.code)
+                self._command("FUNCTION", "LOAD", call.script.library.code)
             except redis.ResponseError as load_error:
                 if not is_library_present(load_error):
                     raise
-            return self._command("FCALL", script.function, *args)
+            return self._command(*command)
 
 
 class AsyncConversationStore:
@@ -515,16 +514,15 @@ class AsyncConversationStore:
 
     async def _fcall(self, call: ScriptCall[Any]) -> Any:
         """As ConversationStore._fcall."""
-        script = call.script
-        args = (len(call.keys), *call.keys, *call.args)
+        command = ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
         try:
-            return await self._command("FCALL", script.function, *args)
+            return await self._command(*command)
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
             try:
-                await self._command("FUNCTION", "LOAD", script.library.code)
+                await self._command("FUNCTION", "LOAD", call.script.library.code)
             except redis.ResponseError as load_error:
                 if not is_library_present(load_error):
                     raise
-            return await self._command("FCALL", script.function, *args)
+            return await self._command(*command)
