@@ -31,7 +31,26 @@ import redis
 from tests.helpers import avatar
 from worker.config import Settings
 from worker.localllm import LocalChatServer
+from worker.service import GROUP
 from worker.supervisor import Supervisor
+
+
+def wait_for_workers(client: Any, supervisor: threading.Thread, processes: int) -> None:
+    """Until every worker process reads the inbound stream (it then is a consumer
+    of the group), at most 60 s, waiting on the supervisor thread between checks."""
+
+    def consumers() -> int:
+        try:
+            groups = client.xinfo_groups("gm:inbound")
+        except redis.ResponseError:
+            return 0  # no stream yet: no worker has created the group
+        return sum(group["consumers"] for group in groups if group["name"] == GROUP)
+
+    deadline = time.monotonic() + 60
+    while consumers() < processes:
+        if time.monotonic() > deadline or not supervisor.is_alive():
+            raise RuntimeError("the worker processes did not start")
+        supervisor.join(timeout=0.05)
 
 
 def run_case(
@@ -51,7 +70,7 @@ def run_case(
         if not supervisor.ready.wait(60) or supervisor.url is None:
             raise RuntimeError("service did not start")
         client: Any = redis.Redis.from_url(supervisor.url, decode_responses=True)
-        time.sleep(1.0)  # let the worker processes finish starting (not part of the measurement)
+        wait_for_workers(client, thread, processes)  # not part of the measurement
         sent: dict[str, float] = {}
         start = time.perf_counter()
         for n in range(messages):
