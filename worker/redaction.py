@@ -358,10 +358,13 @@ RULES: tuple[Rule, ...] = (
         "secret-assignment",
         r"(?i:\b(?:password|passwd|passphrase|pwd|secret|client_secret|api_?key|api-key|access_?key|"
         r"secret_?key|private_?key|access_token|auth_token|refresh_token|token))"
-        r"[\"']?[ \t]*(?::=|=>|[:=])[ \t]*[\"']?(?P<secret>" + VALUE + r"{4,})",
+        # an HTTP auth scheme word is not the secret: what follows it is
+        r"[\"']?[ \t]*(?::=|=>|[:=])[ \t]*[\"']?"
+        r"(?P<secret>(?:(?i:bearer|basic|digest|token)[ \t]+)?" + VALUE + r"{4,})",
         ("pass", "pwd", "secret", "key", "token"),
         (
             "password=hunter2",
+            "auth_token: Basic dXNlcjpwYXNzd29yZA==",
             "PASSWORD: correct-horse-battery",
             'api_key = "0123456789abcdef"',
             "{'token': 'tok_1234567890'}",
@@ -383,6 +386,15 @@ RULES: tuple[Rule, ...] = (
 # A match longer than this is replaced whole, without locating its secret part:
 # capture extraction on a long span would run RE2's slower NFA over it.
 SMALL_MATCH = 4096
+
+# A generic rule's secret can be the first word of a longer, more specific secret:
+# `token = -----BEGIN PGP PRIVATE KEY BLOCK-----...`, `auth_token: Bearer eyJ...`.
+# After a secret this short that follows readable text (a name, a host), the scan
+# resumes at the secret rather than after it, so the longer match is found too,
+# and redact() replaces both with the first one's marker. Only short ones:
+# resuming inside every secret could rescan a long one once per match within it
+# (quadratic); a short one adds at most its own length to the scan.
+SHORT_SECRET = 32
 
 
 def _options() -> re2.Options:
@@ -440,7 +452,10 @@ class _Plan:
         self.singles = tuple(_alternation((rule,), capture=False) for rule in rules)
 
     def finditer(self, data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
-        """(rule position, match start, match end, secret start, secret end) per match."""
+        """(rule position, match start, match end, secret start, secret end) per match.
+
+        Matches come in order of their start; they may overlap (SHORT_SECRET).
+        """
         done, size = 0, len(data)
         while done < size:
             start, end = self.spans.Match(_UNANCHORED, data, done, size)[0]
@@ -448,7 +463,8 @@ class _Plan:
                 return
             rule, secret_start, secret_end = self._locate(data, start, end)
             yield rule, start, end, secret_start, secret_end
-            done = end
+            rescan = start < secret_start and secret_end - secret_start <= SHORT_SECRET
+            done = secret_start if rescan else end
 
     def _locate(self, data: bytes, start: int, end: int) -> tuple[int, int, int]:
         """(rule position, secret start, secret end) of the match data[start:end]."""
@@ -513,6 +529,11 @@ class Redactor:
         pieces: list[bytes] = []
         done = 0
         for rule, _, _, secret_start, secret_end in plan.finditer(data):
+            if secret_start < done:
+                # overlaps the secret just replaced: that one marker now covers both
+                # (one marker, so redacting the output again changes nothing)
+                done = max(done, secret_end)
+                continue
             # what precedes the secret (a parameter name, a URL's host) stays readable
             pieces += (data[done:secret_start], plan.markers[rule])
             done = secret_end
