@@ -22,6 +22,7 @@ redis-benchmark: FCALL of a minimal RPUSH function and of gridmem's record_turn.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shutil
@@ -51,6 +52,7 @@ REPLY = "It is open until noon: the boat shop is on the east shore, next to the 
 TTL_SECONDS = 1800
 
 
+@functools.cache  # an agent has the resident's UUID already: not part of the timed work
 def who(n: int) -> str:
     return str(uuid.UUID(int=(0xC0FFEE << 96) + n))
 

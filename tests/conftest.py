@@ -99,17 +99,28 @@ def store(make_store: Callable[..., ConversationStore]) -> ConversationStore:
 
 
 class CommandCounter:
-    """Counts every command a client sends (scripts included)."""
+    """Records everything a client sends: each command, and each connection taken.
+
+    The connection count covers what bypasses execute_command (context()'s
+    MULTI/EXEC is written straight to a pooled connection).
+    """
 
     def __init__(self, client: redis_py.Redis) -> None:
         self.commands: list[str] = []
         original = client.execute_command
+        pool = client.connection_pool
+        original_checkout = pool.get_connection
 
         def counting(*args: Any, **options: Any) -> Any:
             self.commands.append(str(args[0]))
             return original(*args, **options)
 
+        def checkout(*args: Any, **options: Any) -> Any:
+            self.commands.append("<connection>")
+            return original_checkout(*args, **options)
+
         client.execute_command = counting  # type: ignore[method-assign]
+        pool.get_connection = checkout  # type: ignore[method-assign]
 
 
 @pytest.fixture

@@ -138,30 +138,6 @@ class TestRecordTurn:
         assert redis.dbsize() == 0
 
 
-CONTEXT_KEYS = [SESSION.meta, SESSION.turns, SESSION.summary, SHARD.lru_public, SHARD.clock]
-
-
-class TestReadContext:
-    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
-        assert _s(run("read_context", CONTEXT_KEYS, [*NOW, MEMBER])) == ["", "", []]
-        run("record_turn", RECORD_KEYS, record_args())
-        run("record_turn", RECORD_KEYS, record_args(payload='["r","yo"]'))
-        reply = _s(run("read_context", CONTEXT_KEYS, [*NOW, MEMBER]))
-        assert reply[:2] == [SID, ""]
-        assert [e.split("|", 3)[3] for e in reply[2]] == ['["a","hi"]', '["r","yo"]']
-        redis.set(SESSION.summary, "folded")
-        assert _s(run("read_context", CONTEXT_KEYS, [*NOW, MEMBER]))[1] == "folded"
-        expired = [str(1000 + 1_800_000), NOW[1], NOW[2], MEMBER]
-        assert _s(run("read_context", CONTEXT_KEYS, expired)) == ["", "", []]
-
-    @pytest.mark.parametrize(
-        "args", [["x", NOW[1], NOW[2], MEMBER], [*NOW, "bad"], [NOW[0], NOW[1], "", MEMBER]]
-    )
-    def test_bad_arguments(self, run: Run, args: list[str]) -> None:
-        with pytest.raises(BadScriptArgument):
-            run("read_context", CONTEXT_KEYS, args)
-
-
 PAGE_KEYS = [SESSION.meta, SESSION.turns, SESSION.archive, SHARD.lru_public, SHARD.clock]
 
 
@@ -309,7 +285,6 @@ def _wrapper_calls() -> dict[str, Any]:
             SESSION, SHARD, clock, candidate_session_id=SID, payload="[]",
             idempotency_key="", redactions=0, truncated=False, max_events=1, limits=LIMITS,
         ),
-        "read_context": s.read_context(SESSION, SHARD, SHARD.lru_public, clock),
         "read_page": s.read_page(
             SESSION, SHARD, SHARD.lru_public, clock, anchor=None, direction="forward", limit=1
         ),

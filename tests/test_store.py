@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
@@ -95,10 +97,10 @@ def test_library_loaded_by_another_worker_meanwhile(store: ConversationStore, re
 
 def test_functions_carry_their_declared_flags(store: ConversationStore, redis: Any) -> None:
     store.record(A, "public", AvatarMessage(text="loads the library"))
-    library = store._ops.scripts.by_name["read_context"].library
+    library = store._ops.scripts.by_name["read_page"].library
     [listed] = redis.function_list(library=library.name)
     flags = {fields[1].decode(): {flag.decode() for flag in fields[5]} for fields in listed[5]}
-    assert flags[library.name + "_read_context"] == {"no-writes"}
+    assert flags[library.name + "_read_page"] == {"no-writes"}
     assert flags[library.name + "_delete_session"] == {"allow-oom"}
     assert flags[library.name + "_record_turn"] == set()
     assert len(flags) == len(store._ops.scripts.by_name)
@@ -117,33 +119,36 @@ def test_versions_side_by_side(store: ConversationStore, redis: Any) -> None:
     assert {"gridmem_other", scripts["read_stats"].library.name} <= names
 
 
-class FlakyClient(redis_py.Redis):
-    """Drops the connection on the first FCALL after `arm()`."""
+class FlakyConnection(redis_py.UnixDomainSocketConnection):
+    """Drops the connection on the first send after `arm()`: a fault mid-call."""
 
     armed = False
 
-    def arm(self) -> None:
-        self.armed = True
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        if self.armed and args[0] == "FCALL":
-            self.armed = False
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if FlakyConnection.armed:
+            FlakyConnection.armed = False
+            self.disconnect()
             raise redis_py.ConnectionError("connection reset (test)")
-        return super().execute_command(*args, **options)
+        super().send_packed_command(command, check_health)
 
 
 @pytest.mark.real
 def test_idempotent_calls_retry_after_connection_fault(real_servers: Any) -> None:
     server = real_servers["valkey"]
-    client = FlakyClient(unix_socket_path=str(server.socket_path))
+    pool = redis_py.ConnectionPool(
+        connection_class=FlakyConnection, path=str(server.socket_path), retry=None
+    )
+    client = redis_py.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
     client.flushall()
     store = ConversationStore(client, clock=ManualClock())
     store.record(A, "public", AvatarMessage(text="warm up"))
-    client.arm()
+    FlakyConnection.armed = True
     store.record(A, "public", AvatarMessage(text="with key"), idempotency_key="1-1")
-    client.arm()
-    assert len(store.context(A, "public")) == 2  # a read: retried
-    client.arm()
+    assert not FlakyConnection.armed  # the fault happened, and the call was retried
+    FlakyConnection.armed = True
+    assert len(store.context(A, "public")) == 2  # a read (MULTI/EXEC): retried
+    assert not FlakyConnection.armed
+    FlakyConnection.armed = True
     with pytest.raises(redis_py.ConnectionError):
         store.record(A, "public", AvatarMessage(text="no key"))  # could apply twice: not retried
     assert [t.text for t in store.read_page(A, "public").turns] == ["warm up", "with key"]

@@ -75,7 +75,7 @@ def read_entries(
         return [], []
     try:
         heads = [entry.split("|", 3) for entry in entries]
-        payloads = json.loads("[" + ",".join(head[3] for head in heads) + "]")
+        payloads = json.loads("[" + ",".join([head[3] for head in heads]) + "]")
         if len(payloads) != len(heads):
             raise ValueError("payload count")
         for head, payload in zip(heads, payloads, strict=True):

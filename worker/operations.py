@@ -2,9 +2,10 @@
 
 Every public store method is a generator here: it validates its input (before
 the first yield, so bad input never reaches Redis), prepares arguments, yields
-`ScriptCall`s, receives their parsed replies, and returns the result. The
-stores only drive these generators: `ConversationStore` with a blocking client,
-`AsyncConversationStore` with an asyncio one. This is a "sans-I/O" core.
+`ScriptCall`s (context() yields a `ReadCall`: worker/reads.py), receives their
+parsed replies, and returns the result. The stores only drive these generators:
+`ConversationStore` with a blocking client, `AsyncConversationStore` with an
+asyncio one. This is a "sans-I/O" core.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from worker.context import project, turn_view
 from worker.errors import InvalidInput
 from worker.keys import KeySpace
 from worker.prepare import Preparer
+from worker.reads import ReadCall, context_read
 from worker.records import (
     Channel,
     ContextMessage,
@@ -59,7 +61,7 @@ from worker.validate import (
 )
 
 T = TypeVar("T")
-Op = Generator[ScriptCall[Any], Any, T]
+Op = Generator[ScriptCall[Any] | ReadCall[Any], Any, T]
 
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
 SWEEP_BATCH = 200
@@ -138,7 +140,7 @@ class Operations:
     def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         session, shard = self.keys.session(uuid, ch)
-        reply = yield self.scripts.read_context(session, shard, shard.lru(ch), self._now())
+        reply = yield context_read(session, shard, ch, self._now())
         if not reply.session_id:
             return []
         return project(reply.summary, read_entries(reply.entries, reply.session_id)[1])

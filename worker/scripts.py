@@ -34,7 +34,6 @@ Arg = str | int | bytes
 
 SCRIPT_NAMES: tuple[str, ...] = (
     "record_turn",
-    "read_context",
     "read_page",
     "list_metadata",
     "sweep_idle",
@@ -221,6 +220,11 @@ def text(value: Any) -> str:
     return str(value)
 
 
+def texts(values: Sequence[Any]) -> list[str]:
+    """text() of each element, without a call per element (transcripts are read whole)."""
+    return [v.decode("utf-8") if type(v) is bytes else str(v) for v in values]
+
+
 class RecordReply(NamedTuple):
     session_id: str
     seq: int
@@ -249,16 +253,6 @@ def _parse_receipt(raw: Sequence[Any]) -> RecordReply | None:
     return RecordReply(sid, int(seq), new == "1", True, int(red), trunc == "1")
 
 
-class ContextReply(NamedTuple):
-    session_id: str  # '' when there is no live session
-    summary: str
-    entries: list[str]
-
-
-def _parse_context(raw: Sequence[Any]) -> ContextReply:
-    return ContextReply(text(raw[0]), text(raw[1]), [text(e) for e in raw[2]])
-
-
 @dataclass(frozen=True, slots=True)
 class PageReply:
     has_more: bool
@@ -266,7 +260,7 @@ class PageReply:
 
 
 def _parse_page(raw: Sequence[Any]) -> PageReply:
-    return PageReply(bool(raw[0]), [text(e) for e in raw[1:]])
+    return PageReply(bool(raw[0]), texts(raw[1:]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +324,7 @@ def _split_segments(segments: str, entries: list[str]) -> list[list[str]]:
 def _parse_export(raw: Sequence[Any]) -> ExportReply:
     sessions = []
     for member, sid, created, active, summary, entries, receipts, segments, archived in raw[1:]:
-        pairs = [text(x) for x in receipts]
+        pairs = texts(receipts)
         sessions.append(
             ExportedSession(
                 text(member),
@@ -338,9 +332,9 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
                 int(created),
                 int(active),
                 text(summary),
-                [text(e) for e in entries],
+                texts(entries),
                 dict(zip(pairs[0::2], pairs[1::2], strict=True)),
-                _split_segments(text(segments), [text(e) for e in archived]),
+                _split_segments(text(segments), texts(archived)),
             )
         )
     return ExportReply(text(raw[0]), sessions)
@@ -453,16 +447,6 @@ class Scripts:
             _parse_record,
             # Without an idempotency key a resend could store the turn twice.
             idempotent=bool(idempotency_key),
-        )
-
-    def read_context(
-        self, session: SessionKeys, shard: ShardKeys, lru: str, clock: ClockReading
-    ) -> ScriptCall[ContextReply]:
-        return self._call(
-            "read_context",
-            (session.meta, session.turns, session.summary, lru, shard.clock),
-            (*clock.args(), session.member),
-            _parse_context,
         )
 
     def read_page(

@@ -1,0 +1,186 @@
+"""context()'s read: one MULTI/EXEC of plain reads, and the liveness rule it applies.
+
+The rule exists twice (lib.lua for the scripts, worker/reads.py for this read),
+so the two are checked against each other on the same stored states.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from tests.helpers import avatar
+from worker import AgentReply, AvatarMessage, ConversationStore, ManualClock
+from worker.errors import BadScriptArgument
+from worker.keys import KeySpace
+from worker.reads import context_read, is_live, live_now
+from worker.records import CHANNEL_TTL_MS, Channel
+from worker.scripts import ClockReading, lua_dir
+
+A = avatar(1)
+TTL = CHANNEL_TTL_MS[Channel.PUBLIC]
+KEYSPACE = KeySpace()
+SESSION, SHARD = KEYSPACE.session(A, Channel.PUBLIC)
+
+# lib.lua's own store_now (read-only) and is_expired, run on the server.
+LUA_RULE = (
+    (lua_dir() / "lib.lua").read_text()
+    + """
+local now = store_now(KEYS[1], ARGV[3], tonumber(ARGV[1]), tonumber(ARGV[2]), false)
+local expired = is_expired(KEYS[2], ARGV[4], ARGV[5], now)
+return {now, expired and 1 or 0}
+"""
+)
+
+
+def lua_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) -> tuple[int, bool]:
+    member = f"{A}:{channel.value}"
+    now, expired = redis.eval(
+        LUA_RULE, 2, SHARD.clock, SHARD.lru(channel), *reading.args(), member, channel.value
+    )
+    return int(now), bool(expired)
+
+
+def python_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) -> tuple[int, bool]:
+    fields = redis.hmget(SHARD.clock, "boot", "offset", "last", "wall")
+    now = live_now(fields, reading)
+    last_active = redis.zscore(SHARD.lru(channel), f"{A}:{channel.value}")
+    return int(now), not is_live(last_active, now, CHANNEL_TTL_MS[channel])
+
+
+CLOCK_STATES: list[dict[str, Any]] = [
+    {},  # a store no worker has written
+    {"boot": "boot-a", "offset": 0, "last": 5_000, "wall": 1_000_000},
+    {"boot": "boot-a", "offset": -4_000, "last": 9_000, "wall": 1_000_000},
+    {"boot": "boot-b", "offset": 70, "last": 5_000, "wall": 1_000_000},  # another boot
+    {"boot": "boot-b", "last": 5_000},  # no wall recorded
+    {"boot": "boot-b", "offset": "junk", "last": "junk", "wall": "junk"},  # damaged
+]
+READINGS = [
+    ClockReading(mono, wall, boot)
+    for boot in ("boot-a", "boot-b", "boot-c")
+    for mono in (0, 4_000, 5_000 + TTL - 1, 5_000 + TTL, 900_000_000)
+    for wall in (0, 1_000_000, 1_000_000 + TTL - 1, 1_000_000 + TTL)  # incl. wall going back
+]
+LAST_ACTIVE = [None, 0, 5_000, 9_000, 5_000 + TTL]
+
+
+@pytest.mark.parametrize("state", CLOCK_STATES)
+def test_python_rule_matches_lib_lua(redis: redis_py.Redis, state: dict[str, Any]) -> None:
+    if state:
+        redis.hset(SHARD.clock, mapping=state)
+    answers = set()
+    for last in LAST_ACTIVE:
+        redis.delete(SHARD.lru_public, SHARD.lru_im)
+        if last is not None:
+            redis.zadd(SHARD.lru_public, {f"{A}:public": last})
+            redis.zadd(SHARD.lru_im, {f"{A}:im": last})
+        for reading in READINGS:
+            for channel in Channel:
+                expected = lua_rule(redis, reading, channel)
+                assert python_rule(redis, reading, channel) == expected, (last, reading, channel)
+                answers.add(expected[1])
+    assert answers == {True, False}  # agreement on both answers, not on a constant
+
+
+def test_expiry_boundary_is_exact(store: ConversationStore, clock: ManualClock) -> None:
+    store.record(A, "public", AvatarMessage(text="hi"))
+    clock.advance(TTL - 1)
+    assert [m.content for m in store.context(A, "public")] == ["hi"]
+    clock.advance(1)
+    assert store.context(A, "public") == []
+
+
+def test_another_boot_counts_wall_time(store: ConversationStore, clock: ManualClock) -> None:
+    store.record(A, "im", AvatarMessage(text="hi"))
+    rebooted = ManualClock(monotonic_ms=0, wall_ms=clock.wall_ms() + 3_600_000, boot_id="boot-2")
+    other = ConversationStore(store.redis, store.config, clock=rebooted)
+    assert len(other.context(A, "im")) == 1  # one hour of a 24-hour TTL
+    rebooted.advance(CHANNEL_TTL_MS[Channel.IM] - 3_600_000)
+    assert other.context(A, "im") == []
+
+
+def test_summary_and_entries_in_order(store: ConversationStore, redis: redis_py.Redis) -> None:
+    assert store.context(A, "public") == []
+    store.record(A, "public", AvatarMessage(text="hi"))
+    store.record(A, "public", AgentReply(text="hello"))
+    redis.set(SESSION.summary, "- (untrusted) resident said: earlier")
+    messages = [(m.role, m.content) for m in store.context(A, "public")]
+    assert messages[1:] == [("user", "hi"), ("assistant", "hello")]
+    assert messages[0][0] == "user" and messages[0][1].endswith("resident said: earlier")
+
+
+@pytest.mark.real
+def test_one_transaction_per_read(real_redis: redis_py.Redis) -> None:
+    store = ConversationStore(real_redis, clock=ManualClock())
+    store.record(A, "public", AvatarMessage(text="hi"))
+    real_redis.config_resetstat()
+    for _ in range(3):
+        store.context(A, "public")
+    stats = real_redis.info("commandstats")
+    assert stats["cmdstat_multi"]["calls"] == stats["cmdstat_exec"]["calls"] == 3
+    assert stats["cmdstat_zrange"]["calls"] == 3
+    assert not any(name.startswith(("cmdstat_fcall", "cmdstat_eval")) for name in stats)
+
+
+def test_read_commands_share_one_slot() -> None:
+    """MULTI/EXEC on a cluster needs every key in one slot: the shard's hash tag."""
+    for shards in (1, 4):
+        session, shard = KeySpace("gm", shards).session(A, Channel.IM)
+        call = context_read(session, shard, Channel.IM, ClockReading(0, 0, "b"))
+        keys = [command[1] for command in call.commands]
+        assert {re.search(r"\{([^}]*)\}", str(k)).group(1) for k in keys} == {str(shard.shard)}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("reading", "field"),
+    [
+        (ClockReading(-1, 0, "b"), "now_mono"),
+        (ClockReading(0, -5, "b"), "now_wall"),
+        (ClockReading(0, 0, "has space"), "boot_id"),
+        (ClockReading(0, 0, ""), "boot_id"),
+    ],
+)
+def test_bad_clock_is_refused_before_redis(
+    redis: redis_py.Redis, command_counter: Any, reading: ClockReading, field: str
+) -> None:
+    class BadClock(ManualClock):
+        def monotonic_ms(self) -> int:
+            return reading.mono
+
+        def wall_ms(self) -> int:
+            return reading.wall
+
+        def boot_id(self) -> str:
+            return reading.boot
+
+    store = ConversationStore(redis, clock=BadClock())
+    with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+        store.context(A, "public")
+    assert command_counter.commands == []
+
+
+def test_an_error_inside_exec_is_raised_and_the_client_goes_on(
+    store: ConversationStore, redis: redis_py.Redis
+) -> None:
+    store.record(A, "public", AvatarMessage(text="hi"))
+    redis.delete(SESSION.summary)
+    redis.lpush(SESSION.summary, "not a string")  # damaged from outside
+    with pytest.raises(redis_py.ResponseError, match="WRONGTYPE"):
+        store.context(A, "public")
+    redis.delete(SESSION.summary)
+    assert [m.content for m in store.context(A, "public")] == ["hi"]
+
+
+@pytest.mark.real
+def test_single_connection_client(real_servers: Any) -> None:
+    client = real_servers["valkey"].client(single_connection_client=True)
+    client.flushall()
+    store = ConversationStore(client, clock=ManualClock())
+    store.record(A, "public", AvatarMessage(text="hi"))
+    assert [m.content for m in store.context(A, "public")] == ["hi"]
+    assert client.connection is not None and client.ping()
+    client.close()

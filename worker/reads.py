@@ -1,0 +1,126 @@
+"""The context read: one MULTI/EXEC of plain read commands instead of a script.
+
+`context()` is the hot read (every LLM call makes one), and it changes nothing,
+so it needs a consistent snapshot, not a script. A script returning the
+transcript made the server copy every entry twice (its reply into Lua values,
+then the Lua table into the reply): for a 20-turn session that was most of the
+call's server time, and it kept context() below a hand-written Redis list
+(docs/benchmarks.md). MULTI/EXEC gives the same atomicity, and ZRANGE sends the
+entries straight from the sorted set.
+
+The price is that the read applies the liveness rule itself. `live_now` and
+`is_live` mirror lib.lua's store_now (without persisting) and is_expired, and
+tests/test_reads.py checks them against the scripts across boots, wall-clock
+jumps and the TTL boundary.
+
+Like scripts.py, nothing here talks to a server: `context_read` returns a
+`ReadCall` that ConversationStore and AsyncConversationStore run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from worker.errors import BadScriptArgument
+from worker.keys import SessionKeys, ShardKeys
+from worker.records import CHANNEL_TTL_MS, Channel
+from worker.scripts import Arg, ClockReading, text, texts
+
+T = TypeVar("T")
+
+# lib.lua arg_clock's boot_id pattern ('^[%w%-_.]+$').
+_BOOT_ID = re.compile(r"[A-Za-z0-9_.\-]+")
+_CLOCK_FIELDS = ("boot", "offset", "last", "wall")
+
+
+class ReadCall(NamedTuple, Generic[T]):
+    """Read commands to run in one MULTI/EXEC, and how to read EXEC's replies.
+
+    Always safe to resend: it writes nothing.
+    """
+
+    commands: tuple[tuple[Arg, ...], ...]
+    parse: Callable[[list[Any]], T]
+
+
+class ContextReply(NamedTuple):
+    session_id: str  # '' when there is no live session
+    summary: str
+    entries: list[str]
+
+
+_NO_SESSION = ContextReply("", "", [])
+
+
+def _lua_number(value: Any) -> float | None:
+    """lib.lua's tonumber() on a stored field: None when absent or not a number."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def live_now(clock_fields: Sequence[Any], reading: ClockReading) -> float:
+    """Store time for this reading (lib.lua store_now, read-only).
+
+    `clock_fields` is the shard clock hash's boot, offset, last and wall.
+    """
+    boot = None if clock_fields[0] is None else text(clock_fields[0])
+    offset = _lua_number(clock_fields[1]) or 0
+    if boot is not None and boot != reading.boot:
+        last = _lua_number(clock_fields[2]) or 0
+        stored_wall = _lua_number(clock_fields[3])
+        gap = reading.wall - (reading.wall if stored_wall is None else stored_wall)
+        offset = last + max(gap, 0) - reading.mono
+    return reading.mono + offset
+
+
+def is_live(last_active: Any, now: float, ttl_ms: int) -> bool:
+    """lib.lua is_expired, negated: active, and less than the channel's TTL ago."""
+    last = _lua_number(last_active)
+    return last is not None and now - last < ttl_ms
+
+
+def check_clock(reading: ClockReading) -> None:
+    """What lib.lua arg_clock checks, so a bad clock fails here as it fails a script."""
+    mono, wall, boot = reading
+    bad = (
+        "now_mono" if type(mono) is not int or mono < 0
+        else "now_wall" if type(wall) is not int or wall < 0
+        else "boot_id" if type(boot) is not str or not _BOOT_ID.fullmatch(boot)
+        else None
+    )  # fmt: skip
+    if bad:
+        raise BadScriptArgument("GM_BADARG", f"GM_BADARG {bad}")
+
+
+def context_read(
+    session: SessionKeys, shard: ShardKeys, channel: Channel, reading: ClockReading
+) -> ReadCall[ContextReply]:
+    """Session id, summary and live entries (oldest first) of one session, or none.
+
+    An idle-expired session reads as none: reading is never activity.
+    """
+    check_clock(reading)
+    ttl_ms = CHANNEL_TTL_MS[channel]
+
+    def parse(replies: list[Any]) -> ContextReply:
+        sid, clock_fields, last_active, summary, entries = replies
+        if sid is None or not is_live(last_active, live_now(clock_fields, reading), ttl_ms):
+            return _NO_SESSION
+        return ContextReply(text(sid), "" if summary is None else text(summary), texts(entries))
+
+    return ReadCall(
+        (
+            ("HGET", session.meta, "sid"),
+            ("HMGET", shard.clock, *_CLOCK_FIELDS),
+            ("ZSCORE", shard.lru(channel), session.member),
+            ("GET", session.summary),
+            ("ZRANGE", session.turns, 0, -1),
+        ),
+        parse,
+    )
