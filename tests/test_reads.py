@@ -1,4 +1,5 @@
-"""context()'s read: one MULTI/EXEC of plain reads, and the liveness rule it applies.
+"""context()'s read: one MULTI/EXEC of plain reads, the liveness rule it applies, and
+the cache of decoded entries.
 
 The rule exists twice (lib.lua for the scripts, worker/reads.py for this read),
 so the two are checked against each other on the same stored states.
@@ -13,8 +14,16 @@ import pytest
 import redis as redis_py
 
 from tests.helpers import avatar
-from worker import AgentReply, AvatarMessage, ConversationStore, ManualClock
-from worker.errors import BadScriptArgument
+from worker import (
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    ConversationStore,
+    ManualClock,
+    ToolSummary,
+)
+from worker.context import ENTRY_CACHE, EntryCache, context_messages
+from worker.errors import BadScriptArgument, CorruptRecord
 from worker.keys import KeySpace
 from worker.reads import context_read, is_live, live_now
 from worker.records import CHANNEL_TTL_MS, Channel
@@ -184,3 +193,114 @@ def test_single_connection_client(real_servers: Any) -> None:
     assert [m.content for m in store.context(A, "public")] == ["hi"]
     assert client.connection is not None and client.ping()
     client.close()
+
+
+# -- the entry cache (worker/context.py) -------------------------------------------
+
+
+def test_a_kept_entry_is_still_refused_in_another_session(
+    store: ConversationStore, redis: redis_py.Redis
+) -> None:
+    ENTRY_CACHE.clear()
+    store.record(A, "public", AvatarMessage(text="mine"))
+    for _ in range(2):  # the second read keeps the entries (see test_admission)
+        assert len(store.context(A, "public")) == 1
+    [entry] = redis.zrange(SESSION.turns, 0, -1)
+    assert entry in ENTRY_CACHE._kept
+    other = avatar(2)
+    store.record(other, "public", AvatarMessage(text="theirs"))
+    other_turns = KEYSPACE.session(other, Channel.PUBLIC)[0].turns
+    redis.zadd(other_turns, {entry: 99})  # A's entry, planted in B's transcript
+    for _ in range(2):
+        with pytest.raises(CorruptRecord):
+            store.context(other, "public")
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [b"5|1|" + b"a" * 32 + b'|["a",1]', b"5|1|" + b"a" * 32 + b'|["q","x"]', b"\xff\xfe|1|x|[]"],
+)
+def test_a_malformed_entry_fails_every_read_and_is_not_kept(
+    store: ConversationStore, redis: redis_py.Redis, planted: bytes
+) -> None:
+    store.record(A, "public", AvatarMessage(text="hi"))
+    redis.zadd(SESSION.turns, {planted: 5})
+    for _ in range(3):
+        with pytest.raises(CorruptRecord):
+            store.context(A, "public")
+    assert planted not in ENTRY_CACHE._kept
+
+
+def test_kept_and_fresh_decoding_agree(store: ConversationStore) -> None:
+    store.record(A, "public", AvatarMessage(text="hi"))
+    store.record(A, "public", ToolSummary(tool="web.fetch", summary="a page"))
+    store.record(A, "public", ActionResult(action="give", status="failed", detail="no perm"))
+    store.record(A, "public", AgentReply(text="sorry"))
+    ENTRY_CACHE.clear()
+    fresh = store.context(A, "public")
+    assert store.context(A, "public") == fresh and len(ENTRY_CACHE) == 4  # kept now
+    assert store.context(A, "public") == fresh  # from the cache
+    assert [m.role for m in fresh] == ["user", "user", "user", "assistant"]
+
+
+SID_A, SID_B = "a" * 32, "b" * 32
+
+
+def _entries(sid: str, first: int, count: int, text: str = "m") -> list[str]:
+    return [f'{n}|1|{sid}|["a","{text}{n}"]' for n in range(first, first + count)]
+
+
+def read(cache: EntryCache, entries: list[str], sid: str) -> list[str]:
+    return [m.content for m in context_messages("", entries, sid, cache)]
+
+
+def test_admission_keeps_a_session_read_again_within_the_cache() -> None:
+    cache = EntryCache(size=10, max_entry=100)
+    a, b = _entries(SID_A, 0, 3), _entries(SID_B, 0, 3)
+    assert read(cache, a, SID_A) == ["m0", "m1", "m2"]
+    assert len(cache) == 0  # read once: nothing kept
+    read(cache, b, SID_B)
+    assert read(cache, a, SID_A) == ["m0", "m1", "m2"]  # 6 entries read since: within 10
+    assert list(cache._kept) == a
+    assert read(cache, a + _entries(SID_A, 3, 1), SID_A) == ["m0", "m1", "m2", "m3"]
+    assert list(cache._kept) == [*a, *_entries(SID_A, 3, 1)]  # the new entry too
+
+
+def test_admission_keeps_nothing_when_more_sessions_rotate_than_fit() -> None:
+    cache = EntryCache(size=10, max_entry=100)
+    sessions = [(f"{n:032x}", _entries(f"{n:032x}", 0, 3)) for n in range(4)]  # 12 > 10
+    for _ in range(3):
+        for sid, entries in sessions:
+            assert read(cache, entries, sid) == ["m0", "m1", "m2"]
+    assert len(cache) == 0
+    assert len(cache._last_read) <= 10
+
+
+def test_the_cache_is_bounded() -> None:
+    cache = EntryCache(size=3, max_entry=60)
+    for n in range(5):
+        for _ in range(2):
+            assert read(cache, _entries(SID_A, n, 1), SID_A) == [f"m{n}"]
+    assert list(cache._kept) == [e for n in range(2, 5) for e in _entries(SID_A, n, 1)]
+    long = _entries(SID_A, 9, 1, "x" * 60)
+    for _ in range(2):
+        assert read(cache, long, SID_A) == ["x" * 60 + "9"]
+    assert long[0] not in cache._kept  # longer than max_entry
+    batch = _entries(SID_A, 10, 4)
+    for _ in range(2):
+        assert len(read(cache, batch, SID_A)) == 4
+    assert not set(batch) & set(cache._kept)  # a read larger than the cache: not kept
+    for n in range(100):
+        read(cache, _entries(f"{n:032x}", 0, 1), f"{n:032x}")
+    assert len(cache._last_read) <= 3 + 1
+
+
+def test_a_kept_entry_of_another_session_is_refused() -> None:
+    cache = EntryCache(size=10, max_entry=100)
+    a = _entries(SID_A, 0, 2)
+    for _ in range(2):
+        read(cache, a, SID_A)
+    assert list(cache._kept) == a
+    for _ in range(2):  # the first read decodes, the next looks up: both check
+        with pytest.raises(CorruptRecord):
+            read(cache, a, SID_B)

@@ -16,9 +16,9 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from worker.clock import Clock
-from worker.codec import decode_entries, read_entries, record_to_entry
+from worker.codec import decode_entries, record_to_entry
 from worker.config import ConversationConfig
-from worker.context import project, turn_view
+from worker.context import context_messages, turn_view
 from worker.errors import InvalidInput
 from worker.keys import KeySpace
 from worker.prepare import Preparer
@@ -143,7 +143,7 @@ class Operations:
         reply = yield context_read(session, shard, ch, self._now())
         if not reply.session_id:
             return []
-        return project(reply.summary, read_entries(reply.entries, reply.session_id)[1])
+        return context_messages(reply.summary, reply.entries, reply.session_id)
 
     def read_page(
         self,

@@ -26,7 +26,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from worker.errors import BadScriptArgument
 from worker.keys import SessionKeys, ShardKeys
 from worker.records import CHANNEL_TTL_MS, Channel
-from worker.scripts import Arg, ClockReading, text, texts
+from worker.scripts import Arg, ClockReading, text
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class ReadCall(NamedTuple, Generic[T]):
 class ContextReply(NamedTuple):
     session_id: str  # '' when there is no live session
     summary: str
-    entries: list[str]
+    entries: list[Any]  # as the client returned them: bytes, or str if it decodes
 
 
 _NO_SESSION = ContextReply("", "", [])
@@ -112,7 +112,7 @@ def context_read(
         sid, clock_fields, last_active, summary, entries = replies
         if sid is None or not is_live(last_active, live_now(clock_fields, reading), ttl_ms):
             return _NO_SESSION
-        return ContextReply(text(sid), "" if summary is None else text(summary), texts(entries))
+        return ContextReply(text(sid), "" if summary is None else text(summary), entries)
 
     return ReadCall(
         (
