@@ -22,7 +22,8 @@ idempotency-free path); LlamaIndex's RedisChatStore (RPUSH + EXPIRE, LRANGE +
 pydantic); a hand-written list per session (RPUSH + LTRIM + EXPIRE in one
 pipeline, LRANGE + json). langchain-redis and redisvl histories are tried and
 reported if they cannot run. The server's own ceiling comes from
-redis-benchmark: FCALL of a minimal RPUSH function and of gridmem's record_turn.
+redis-benchmark: EVALSHA of a minimal RPUSH script, FCALL of the same as a
+function, and FCALL of gridmem's record_turn.
 """
 
 from __future__ import annotations
@@ -277,10 +278,15 @@ def server_ceiling(server: EmbeddedValkey, requests: int) -> list[tuple[str, flo
     )  # fmt: skip
     minimal = ["FCALL", "bench_rpush", "1", "bench:list", TEXT]
     full = ["FCALL", record.function, str(len(call.keys)), *call.keys, *map(str, call.args)]
+    # the same minimal script as EVALSHA, the way most Redis Lua is run
+    sha = client.script_load("return redis.call('RPUSH', KEYS[1], ARGV[1])")
+    evalsha = ["EVALSHA", sha, "1", "bench:list", TEXT]
     rows = []
     for label, command, clients in (
+        ("EVALSHA minimal RPUSH, 1 client", evalsha, 1),
         ("FCALL minimal RPUSH, 1 client", minimal, 1),
         ("FCALL record_turn, 1 client", full, 1),
+        ("EVALSHA minimal RPUSH, 50 clients", evalsha, 50),
         ("FCALL minimal RPUSH, 50 clients", minimal, 50),
         ("FCALL record_turn, 50 clients", full, 50),
     ):
@@ -293,6 +299,7 @@ def server_ceiling(server: EmbeddedValkey, requests: int) -> list[tuple[str, flo
         rows.append((label, rate))
     client.flushall()
     client.function_delete("bench_minimal")
+    client.script_flush()
     return rows
 
 
