@@ -419,6 +419,25 @@ def test_a_generic_secret_never_hides_a_longer_one(text: str, leak: str) -> None
     assert redact(out)[0] == out
 
 
+def test_no_two_examples_side_by_side_hide_a_secret() -> None:
+    """Every pair of rules' positive examples on one line or two: each secret still goes.
+
+    Catches one rule's match swallowing the start of the next one's.
+    """
+    examples = []
+    for rule in RULES:
+        alone = Redactor((rule,))
+        for example in rule.positives:
+            examples.append((example, [s for _, s in alone.secrets(example) if len(s) >= 6]))
+    leaks = []
+    for first, first_secrets in examples:
+        for second, second_secrets in examples:
+            for sep in (" ", "\n"):
+                out = redact(first + sep + second)[0]
+                leaks += [(first, second) for s in first_secrets + second_secrets if s in out]
+    assert leaks == []
+
+
 def test_docs_list_every_rule() -> None:
     from pathlib import Path
 

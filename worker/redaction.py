@@ -222,10 +222,12 @@ RULES: tuple[Rule, ...] = (
         ("use Bearer abcdefghijklmnop1234 for it", "bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0"),
         ("the bearer of this notecard", "ring bearer duties"),
     ),
+    # The value runs to the end of the line, quotes included: one that stopped at a
+    # quote left what follows it (`Cookie: a=b api_key = "..."`) for no rule to see.
     Rule(
         "credential-header",
         r"(?i:\b(?:x-api-key|api-key|x-auth-token|x-access-token|private-token|x-goog-api-key|"
-        r"cookie|set-cookie))[ \t]*:[ \t]*(?P<secret>[^\"'\r\n]+)",
+        r"cookie|set-cookie))[ \t]*:[ \t]*(?P<secret>[^\r\n]+)",
         ("key:", "token:", "cookie:", "key :", "token :", "cookie :"),
         (
             "curl -H 'X-Api-Key: 8f14e45fceea167a5a36dedd4bea2543' https://api.example.org",
