@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from worker.codec import StoredEntry, read_entries
 from worker.errors import CorruptRecord
 from worker.records import KIND_ROLE, KIND_UNTRUSTED, ContextMessage, TurnView
+from worker.scripts import texts
 
 # pydantic's validators without ContextMessage's __init__ wrapper: the same checks,
 # a third cheaper; a list of messages is validated in one call.
@@ -161,10 +162,10 @@ def _decode(
 ) -> tuple[list[list[str]], list[ContextMessage]]:
     """(heads, messages) of entries, checked by codec.read_entries in one batch."""
     try:
-        texts = [e.decode("utf-8") if type(e) is bytes else str(e) for e in entries]
+        decoded = texts(entries)
     except UnicodeDecodeError:
         raise CorruptRecord("a stored transcript entry is not UTF-8") from None
-    heads, payloads = read_entries(texts, session_id)
+    heads, payloads = read_entries(decoded, session_id)
     return heads, _messages([_message_fields(payload) for payload in payloads])
 
 

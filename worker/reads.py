@@ -4,14 +4,14 @@
 so it needs a consistent snapshot, not a script. A script returning the
 transcript made the server copy every entry twice (its reply into Lua values,
 then the Lua table into the reply): for a 20-turn session that was most of the
-call's server time, and it kept context() below a hand-written Redis list
-(docs/benchmarks.md). MULTI/EXEC gives the same atomicity, and ZRANGE sends the
+call's server time, and the largest part of context()'s gap to a hand-written
+Redis list (docs/benchmarks.md). MULTI/EXEC gives the same atomicity, and ZRANGE sends the
 entries straight from the sorted set.
 
 The price is that the read applies the liveness rule itself. `live_now` and
 `is_live` mirror lib.lua's store_now (without persisting) and is_expired, and
-tests/test_reads.py checks them against the scripts across boots, wall-clock
-jumps and the TTL boundary.
+tests/test_reads.py checks them against lib.lua's own functions across boots,
+wall-clock jumps, damaged clock fields and the TTL boundary.
 
 Like scripts.py, nothing here talks to a server: `context_read` returns a
 `ReadCall` that ConversationStore and AsyncConversationStore run.
