@@ -79,10 +79,13 @@ local function arg_limits(name, raw)
 end
 
 -- Common ARGV prefix of time-aware scripts: now_mono, now_wall, boot_id.
+-- A boot id names hash fields of the clock (lib.lua store_now), so it is short.
+local MAX_BOOT_ID_CHARS = 128 -- worker/reads.py check_clock must agree
 local function arg_clock(a1, a2, a3)
   local mono = arg_int('now_mono', a1, 0)
   local wall = arg_int('now_wall', a2, 0)
   local boot = arg_str('boot_id', a3, '^[%w%-_.]+$')
+  if #boot > MAX_BOOT_ID_CHARS then bad_field = bad_field or 'boot_id' end
   return mono, wall, boot
 end
 
@@ -93,30 +96,94 @@ local function arg_error()
   return nil
 end
 
+-- Byte-wise a < b. Lua's `<` on strings follows the server's locale (strcoll).
+local function byte_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
 -- ---------------------------------------------------------------- time
 
--- The store's clock domain. Monotonic readings only compare within one boot, so
--- the store keeps an offset per shard: store time = caller's monotonic ms + offset.
--- When a caller from another boot arrives, the offset is re-based so that store
--- time moves on from the last write by the wall-clock time elapsed since it
--- (a wall clock that went backwards counts as no time). Returns store now (ms).
+-- The store's clock domain (DESIGN section 4). Monotonic readings compare only
+-- within one boot, so the shard's clock hash keeps an offset per boot id:
+-- store time = the caller's monotonic ms + its boot's offset. A boot's offset is
+-- fixed when it first writes, so that its time goes on from the store's latest
+-- time (`last`) by the wall time elapsed since that was written (`wall`; a wall
+-- clock that went backwards counts as no time), and never changes after that.
+-- Hosts writing in turn therefore never move each other's time: a wall-clock
+-- skew of d between two hosts puts their store times at most d apart, once,
+-- however often they alternate (re-basing one shared offset on every switch
+-- added the skew again at each switch).
+-- Fields: last, wall (the store's latest time and the wall clock that wrote it),
+-- o:<boot> (that boot's offset), s:<boot> (that boot's latest store time). Only
+-- the MAX_CLOCK_BOOTS most recently seen boots are kept; a boot forgotten and
+-- seen again is a new boot (its offset fixed again, from wall time).
+-- worker/reads.py live_now is this rule, read-only, in Python: keep them equal.
+local MAX_CLOCK_BOOTS = 64 -- worker/clock.py MAX_CLOCK_BOOTS must agree
+
+-- A stored clock field: a decimal integer, else nil (worker/reads.py clock_field).
+local function clock_field(v)
+  if v and string.find(v, '^%-?%d+$') then return tonumber(v) end
+  return nil
+end
+
+-- Keep the MAX_CLOCK_BOOTS most recently seen boots (and always `keep`); forget
+-- the rest, least recently seen first (ties: boot id byte order). Also drops the
+-- single-offset fields of older versions ('boot', 'offset').
+local function forget_old_boots(clock_key, keep)
+  local fields = redis.call('HGETALL', clock_key)
+  local seen, boots = {}, {}
+  for i = 1, #fields, 2 do
+    local kind, b = string.match(fields[i], '^([os]):(.+)$')
+    if b and b ~= keep then
+      if seen[b] == nil then
+        seen[b] = -math.huge
+        boots[#boots + 1] = b
+      end
+      if kind == 's' then seen[b] = clock_field(fields[i + 1]) or -math.huge end
+    end
+  end
+  redis.call('HDEL', clock_key, 'boot', 'offset')
+  if #boots < MAX_CLOCK_BOOTS then return end
+  table.sort(boots, function(a, b)
+    if seen[a] ~= seen[b] then return seen[a] < seen[b] end
+    return byte_less(a, b)
+  end)
+  for i = 1, #boots - MAX_CLOCK_BOOTS + 1 do
+    redis.call('HDEL', clock_key, 'o:' .. boots[i], 's:' .. boots[i])
+  end
+end
+
+-- Store now (ms) for a caller of boot `boot` reading `mono` and `wall`. With
+-- `persist` (writers), fixes the boot's offset if it has none and records the
+-- boot and the store's latest time; readers persist nothing.
 local function store_now(clock_key, boot, mono, wall, persist)
-  local c = redis.call('HMGET', clock_key, 'boot', 'offset', 'last', 'wall')
-  local offset = tonumber(c[2]) or 0
-  local last = tonumber(c[3])
-  if c[1] and c[1] ~= boot then
-    local gap = wall - (tonumber(c[4]) or wall)
-    if gap < 0 then gap = 0 end
-    offset = (last or 0) + gap - mono
+  local c = redis.call('HMGET', clock_key, 'last', 'wall', 'o:' .. boot)
+  local last, last_wall, offset = clock_field(c[1]), clock_field(c[2]), clock_field(c[3])
+  local known = offset ~= nil
+  if not known then
+    offset = 0 -- the first boot to write a shard: store time is its monotonic time
+    if last ~= nil then
+      local gap = wall - (last_wall or wall)
+      if gap < 0 then gap = 0 end
+      offset = last + gap - mono
+    end
   end
   local now = mono + offset
   if persist then
-    if last == nil or now > last then last = now end
-    if c[1] == boot then
-      redis.call('HSET', clock_key, 'last', last, 'wall', wall)
-    else
-      redis.call('HSET', clock_key, 'boot', boot, 'offset', offset, 'last', last, 'wall', wall)
+    local set = { 's:' .. boot, now }
+    if last == nil or now > last then
+      set[3], set[4], set[5], set[6] = 'last', now, 'wall', wall
     end
+    if not known then
+      local n = #set
+      set[n + 1], set[n + 2] = 'o:' .. boot, offset
+    end
+    redis.call('HSET', clock_key, unpack(set))
+    if not known then forget_old_boots(clock_key, boot) end
   end
   return now
 end
@@ -125,15 +192,6 @@ end
 
 local function split_member(member)
   return string.match(member, MEMBER_PATTERN)
-end
-
--- Byte-wise a < b. Lua's `<` on strings follows the server's locale (strcoll).
-local function byte_less(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
 end
 
 -- 'gm:{0}:lru:public' -> 'gm:{0}:' : the shard's prefix, hash tag included.

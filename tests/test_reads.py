@@ -22,10 +22,11 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
+from worker.clock import MAX_BOOT_ID_CHARS
 from worker.context import ENTRY_CACHE, EntryCache, context_messages
 from worker.errors import BadScriptArgument, CorruptRecord
 from worker.keys import KeySpace
-from worker.reads import context_read, is_live, live_now
+from worker.reads import check_clock, clock_fields, context_read, is_live, live_now
 from worker.records import CHANNEL_TTL_MS, Channel
 from worker.scripts import ClockReading, lua_dir
 
@@ -40,33 +41,45 @@ LUA_RULE = (
     + """
 local now = store_now(KEYS[1], ARGV[3], tonumber(ARGV[1]), tonumber(ARGV[2]), false)
 local expired = is_expired(KEYS[2], ARGV[4], ARGV[5], now)
-return {now, expired and 1 or 0}
+return {string.format('%.17g', now), expired and 1 or 0}
 """
 )
 
 
-def lua_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) -> tuple[int, bool]:
+def lua_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) -> tuple[str, bool]:
     member = f"{A}:{channel.value}"
     now, expired = redis.eval(
         LUA_RULE, 2, SHARD.clock, SHARD.lru(channel), *reading.args(), member, channel.value
     )
-    return int(now), bool(expired)
+    return now.decode(), bool(expired)
 
 
-def python_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) -> tuple[int, bool]:
-    fields = redis.hmget(SHARD.clock, "boot", "offset", "last", "wall")
+def python_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) -> tuple[str, bool]:
+    # store time compared as the double both compute, all 17 digits
+    fields = redis.hmget(SHARD.clock, *clock_fields(reading.boot))
     now = live_now(fields, reading)
     last_active = redis.zscore(SHARD.lru(channel), f"{A}:{channel.value}")
-    return int(now), not is_live(last_active, now, CHANNEL_TTL_MS[channel])
+    return f"{now:.17g}", not is_live(last_active, now, CHANNEL_TTL_MS[channel])
 
 
+# Clock hashes as lib.lua store_now writes them (last, wall, o:<boot>, s:<boot>),
+# as older versions left them (boot, offset), and damaged from outside.
 CLOCK_STATES: list[dict[str, Any]] = [
     {},  # a store no worker has written
-    {"boot": "boot-a", "offset": 0, "last": 5_000, "wall": 1_000_000},
-    {"boot": "boot-a", "offset": -4_000, "last": 9_000, "wall": 1_000_000},
-    {"boot": "boot-b", "offset": 70, "last": 5_000, "wall": 1_000_000},  # another boot
-    {"boot": "boot-b", "last": 5_000},  # no wall recorded
-    {"boot": "boot-b", "offset": "junk", "last": "junk", "wall": "junk"},  # damaged
+    {"last": 5_000, "wall": 1_000_000, "o:boot-a": 0, "s:boot-a": 5_000},
+    {"last": 9_000, "wall": 1_000_000, "o:boot-a": -4_000, "s:boot-a": 9_000},
+    # two boots known, boot-b's time 2 s behind boot-a's
+    {"last": 9_000, "wall": 1_000_000, "o:boot-a": -4_000, "o:boot-b": 70, "s:boot-b": 7_000},
+    {"last": 5_000, "o:boot-b": 70},  # no wall recorded
+    {"wall": 1_000_000, "o:boot-a": 100},  # no last recorded
+    {"boot": "boot-a", "offset": 70, "last": 5_000, "wall": 1_000_000},  # an older version's
+    {"last": "junk", "wall": "junk", "o:boot-a": "junk", "o:boot-b": "junk"},
+    # numbers Python's float() or int() take and Lua's tonumber() may not, or the reverse:
+    # the rule counts decimal integers only, in ASCII digits
+    {"last": "5000.5", "wall": " 1000000", "o:boot-a": "0x10", "o:boot-b": "1_000"},
+    {"last": "1e3", "wall": "inf", "o:boot-a": "\u0665\u0660", "o:boot-b": "\uff17"},
+    {"last": "+5000", "wall": "-0", "o:boot-a": "-00070", "o:boot-b": "70\n"},
+    {"last": "", "wall": "1000000", "o:boot-a": "", "o:boot-b": "99999999999999999999"},
 ]
 READINGS = [
     ClockReading(mono, wall, boot)
@@ -151,6 +164,8 @@ def test_read_commands_share_one_slot() -> None:
         (ClockReading(0, -5, "b"), "now_wall"),
         (ClockReading(0, 0, "has space"), "boot_id"),
         (ClockReading(0, 0, ""), "boot_id"),
+        (ClockReading(0, 0, "b" * (MAX_BOOT_ID_CHARS + 1)), "boot_id"),
+        (ClockReading(0, 0, "b\u0663"), "boot_id"),  # an Arabic-Indic digit is not [0-9]
     ],
 )
 def test_bad_clock_is_refused_before_redis(
@@ -170,6 +185,45 @@ def test_bad_clock_is_refused_before_redis(
     with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
         store.context(A, "public")
     assert command_counter.commands == []
+
+
+ARG_CLOCK = (
+    (lua_dir() / "lib.lua").read_text()
+    + """
+local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
+local err = arg_error()
+if err then return err end
+return boot
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("boot", "accepted"),
+    [
+        ("b" * MAX_BOOT_ID_CHARS, True),
+        ("a-Z_0.9", True),
+        ("b" * (MAX_BOOT_ID_CHARS + 1), False),
+        ("b\u0663", False),
+        ("b:c", False),
+        ("", False),
+    ],
+)
+def test_lua_and_python_take_the_same_boot_ids(
+    redis: redis_py.Redis, boot: str, accepted: bool
+) -> None:
+    """A boot id names clock hash fields (o:<boot>): short, and the same rule on both sides."""
+    try:
+        check_clock(ClockReading(0, 0, boot))
+        python = True
+    except BadScriptArgument:
+        python = False
+    try:
+        lua = redis.eval(ARG_CLOCK, 0, 0, 0, boot) == boot.encode()
+    except redis_py.ResponseError as exc:
+        assert "GM_BADARG boot_id" in str(exc)
+        lua = False
+    assert (python, lua) == (accepted, accepted)
 
 
 def test_an_error_inside_exec_is_raised_and_the_client_goes_on(

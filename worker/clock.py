@@ -18,6 +18,12 @@ DEFAULT_MANUAL_WALL_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 _BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 
+# The store keeps one clock offset per boot id, for this many boots (the most
+# recently seen; lua/lib.lua store_now). A boot id is at most MAX_BOOT_ID_CHARS
+# of [A-Za-z0-9_.-] (lib.lua arg_clock). Both must agree with lib.lua.
+MAX_CLOCK_BOOTS = 64
+MAX_BOOT_ID_CHARS = 128
+
 
 @runtime_checkable
 class Clock(Protocol):

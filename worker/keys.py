@@ -10,7 +10,7 @@ Layout (namespace "gm", shard 0):
     gm:{0}:lru:<channel>                zset    member <uuid>:<channel>, score = last activity
     gm:{0}:sessions                     zset    every live session, score 0, ordered by member
     gm:{0}:seq                          string  sequence counter
-    gm:{0}:clock                        hash    boot id and offset of the store's clock domain
+    gm:{0}:clock                        hash    clock domain: latest time, an offset per boot id
     gm:{0}:events                       stream  events, exact MAXLEN
     gm:{0}:stats                        hash    bytes: the shard's stored bytes, kept exact
     gm:{0}:restored                     string  generation restored from (snapshots)

@@ -10,8 +10,9 @@ entries straight from the sorted set.
 
 The price is that the read applies the liveness rule itself. `live_now` and
 `is_live` mirror lib.lua's store_now (without persisting) and is_expired, and
-tests/test_reads.py checks them against lib.lua's own functions across boots,
-wall-clock jumps, damaged clock fields and the TTL boundary.
+tests/test_reads.py checks them against lib.lua's own functions across boots
+(known and new to the per-boot offset table), wall-clock jumps, damaged clock
+fields and the TTL boundary.
 
 Like scripts.py, nothing here talks to a server: `context_read` returns a
 `ReadCall` that ConversationStore and AsyncConversationStore run.
@@ -23,6 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from worker.clock import MAX_BOOT_ID_CHARS
 from worker.errors import BadScriptArgument
 from worker.keys import SessionKeys, ShardKeys
 from worker.records import CHANNEL_TTL_MS, Channel
@@ -30,9 +32,10 @@ from worker.scripts import Arg, ClockReading, text
 
 T = TypeVar("T")
 
-# lib.lua arg_clock's boot_id pattern ('^[%w%-_.]+$').
+# lib.lua arg_clock's boot_id rule ('^[%w%-_.]+$', at most MAX_BOOT_ID_CHARS).
 _BOOT_ID = re.compile(r"[A-Za-z0-9_.\-]+")
-_CLOCK_FIELDS = ("boot", "offset", "last", "wall")
+# lib.lua clock_field: a stored clock field counts only as a decimal integer.
+_CLOCK_INT = re.compile(r"-?[0-9]+")
 
 
 class ReadCall(NamedTuple, Generic[T]):
@@ -55,7 +58,7 @@ _NO_SESSION = ContextReply("", "", [])
 
 
 def _lua_number(value: Any) -> float | None:
-    """lib.lua's tonumber() on a stored field: None when absent or not a number."""
+    """lib.lua's tonumber() on a sorted-set score: None when absent or not a number."""
     if value is None:
         return None
     try:
@@ -64,18 +67,35 @@ def _lua_number(value: Any) -> float | None:
         return None
 
 
-def live_now(clock_fields: Sequence[Any], reading: ClockReading) -> float:
-    """Store time for this reading (lib.lua store_now, read-only).
+def clock_field(value: Any) -> float | None:
+    """lib.lua clock_field: a decimal integer (as the double Lua makes of it), else None.
 
-    `clock_fields` is the shard clock hash's boot, offset, last and wall.
+    ASCII digits only ([0-9], not str.isdigit's other scripts), as Lua's %d.
     """
-    boot = None if clock_fields[0] is None else text(clock_fields[0])
-    offset = _lua_number(clock_fields[1]) or 0
-    if boot is not None and boot != reading.boot:
-        last = _lua_number(clock_fields[2]) or 0
-        stored_wall = _lua_number(clock_fields[3])
-        gap = reading.wall - (reading.wall if stored_wall is None else stored_wall)
-        offset = last + max(gap, 0) - reading.mono
+    if value is None:
+        return None
+    raw = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return float(raw) if _CLOCK_INT.fullmatch(raw) else None
+
+
+def clock_fields(boot: str) -> tuple[str, str, str]:
+    """The clock hash fields live_now needs, in its order (lib.lua store_now's HMGET)."""
+    return ("last", "wall", "o:" + boot)
+
+
+def live_now(fields: Sequence[Any], reading: ClockReading) -> float:
+    """Store time for this reading: lib.lua store_now, read-only (DESIGN section 4).
+
+    `fields` are the shard clock hash's `clock_fields(reading.boot)`: the store's
+    latest time, the wall clock that wrote it, and this boot's offset. A boot
+    without an offset gets the one it would be given at its first write.
+    """
+    last, last_wall, offset = (clock_field(v) for v in fields)
+    if offset is None:
+        offset = 0.0
+        if last is not None:
+            gap = reading.wall - (reading.wall if last_wall is None else last_wall)
+            offset = last + max(gap, 0) - reading.mono
     return reading.mono + offset
 
 
@@ -91,7 +111,8 @@ def check_clock(reading: ClockReading) -> None:
     bad = (
         "now_mono" if type(mono) is not int or mono < 0
         else "now_wall" if type(wall) is not int or wall < 0
-        else "boot_id" if type(boot) is not str or not _BOOT_ID.fullmatch(boot)
+        else "boot_id" if type(boot) is not str or len(boot) > MAX_BOOT_ID_CHARS
+        or not _BOOT_ID.fullmatch(boot)
         else None
     )  # fmt: skip
     if bad:
@@ -117,7 +138,7 @@ def context_read(
     return ReadCall(
         (
             ("HGET", session.meta, "sid"),
-            ("HMGET", shard.clock, *_CLOCK_FIELDS),
+            ("HMGET", shard.clock, *clock_fields(reading.boot)),
             ("ZSCORE", shard.lru(channel), session.member),
             ("GET", session.summary),
             ("ZRANGE", session.turns, 0, -1),
