@@ -22,6 +22,7 @@ from worker import (
     ToolSummary,
 )
 from worker.context import SUMMARY_HEADER
+from worker.keys import KeySpace
 from worker.records import CHANNEL_TTL_MS
 
 A = avatar(1)
@@ -282,6 +283,66 @@ def test_shard_bounds_split_the_global_ones(redis: Any, clock: ManualClock, shar
     page = store.list_metadata(limit=1000)
     assert len(page.items) <= 30
     assert len(page.items) >= 30 - shards
+
+
+# Small enough that both global bounds bite, roomy enough to split over 16 shards: a
+# session holds at most 2,048 bytes; each of 16 shards gets 2 sessions and 2,062 bytes.
+SHARDED = Limits(
+    max_active_sessions=40,
+    max_aggregate_bytes=33_000,
+    max_session_bytes=2048,
+    max_text_bytes=256,
+    max_tool_result_bytes=256,
+    max_summary_bytes=512,
+)
+
+
+def held(redis: Any, shards: int) -> dict[str, int]:
+    """What the store holds in Redis, over every shard, counted from the keys themselves."""
+    sessions = data = 0
+    for raw in redis.keys("gm:{*}:s:*"):
+        key = raw.decode()
+        if key.endswith(":meta"):
+            sessions += 1
+        elif key.endswith((":turns", ":archive")):
+            data += sum(len(member) for member in redis.zrange(raw, 0, -1))
+        elif key.endswith(":summary"):
+            data += redis.strlen(raw)
+    space = KeySpace("gm", shards).all_shards()
+    return {
+        "sessions": sessions,
+        "indexed": sum(redis.zcard(s.lru_public) + redis.zcard(s.lru_im) for s in space),
+        "bytes": data,
+        "counted_bytes": sum(int(redis.hget(s.stats, "bytes") or 0) for s in space),
+    }
+
+
+@pytest.mark.parametrize("shards", [1, 3, 4, 16])
+def test_sharded_store_never_holds_more_than_the_global_bounds(
+    redis: Any, clock: ManualClock, shards: int
+) -> None:
+    """Regression (issue 12 item 5): per-shard limits of max(1, limit // shards) let
+    four shards hold four sessions under max_active_sessions = 2."""
+    store = ConversationStore(redis, ConversationConfig(shards=shards, limits=SHARDED), clock=clock)
+
+    def within_bounds() -> None:
+        totals = held(redis, shards)
+        assert totals["sessions"] == totals["indexed"] <= SHARDED.max_active_sessions, totals
+        assert totals["bytes"] == totals["counted_bytes"] <= SHARDED.max_aggregate_bytes, totals
+
+    # Given many more small sessions than the session bound, over both channels,
+    # then many more large ones than the byte bound
+    for n in range(120):
+        store.record(avatar(n), "im" if n % 3 == 0 else "public", AvatarMessage(text=f"hi {n}"))
+        clock.advance(7)
+        within_bounds()  # Then what Redis holds never passes the global bounds
+    for n in range(120, 240):
+        for turn in range(4 + n % 5):
+            store.record(avatar(n), "public", AvatarMessage(text=f"{n}.{turn} " + "w" * 200))
+            clock.advance(7)
+        within_bounds()
+    reasons = {e.reason for e in store.events(count=10_000)}
+    assert {ReasonCode.EVICTED_SESSION_LIMIT, ReasonCode.EVICTED_AGGREGATE_BYTES} <= reasons
 
 
 def test_summary_lines_are_bounded_utf8(

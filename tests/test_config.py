@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from worker import ConfigError, ConversationConfig, Limits, Settings
 from worker.config import LIMIT_TABLE
+from worker.scripts import LIMIT_FIELDS, limits_packet
 
 DESIGN_CEILINGS = {
     "max_active_sessions": 1_000_000,
@@ -107,3 +108,68 @@ def test_settings_errors_name_the_field(tmp_path: Path) -> None:
         Settings.load(path)
     with pytest.raises(ConfigError, match="cannot read"):
         Settings.load(tmp_path / "missing.toml")
+
+
+# -- splitting the global bounds over shards (issue 12 item 5) -------------------------
+
+
+def _packet_shares(limits: Limits, shards: int) -> tuple[int, int]:
+    """The per-shard session and byte bounds as record_turn receives them."""
+    fields = dict(zip(LIMIT_FIELDS, limits_packet(limits, shards).split(","), strict=True))
+    return int(fields["max_sessions"]), int(fields["max_aggregate_bytes"])
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4, 7, 16, 1000, 1024])
+@pytest.mark.parametrize("sessions", [1, 2, 3, 10, 1_001, 10_000, 1_000_000])
+@pytest.mark.parametrize("aggregate", [256 * 1024**2, 3 * 256 * 1024**2 + 1, 16 * 1024**3])
+def test_shard_shares_never_sum_past_the_global_bounds(
+    shards: int, sessions: int, aggregate: int
+) -> None:
+    limits = Limits(max_active_sessions=sessions, max_aggregate_bytes=aggregate)
+    if sessions < shards or aggregate // shards < limits.max_session_bytes:
+        with pytest.raises(ValidationError, match="cannot be split over"):
+            ConversationConfig(shards=shards, limits=limits)
+        return
+    ConversationConfig(shards=shards, limits=limits)
+    per_shard_sessions, per_shard_bytes = _packet_shares(limits, shards)
+    # the shares sum to at most the global bounds, and lose less than one unit per shard
+    assert sessions - shards < shards * per_shard_sessions <= sessions
+    assert aggregate - shards < shards * per_shard_bytes <= aggregate
+    assert per_shard_sessions >= 1 and per_shard_bytes >= limits.max_session_bytes
+
+
+@pytest.mark.parametrize(
+    ("shards", "values", "message"),
+    [
+        (4, {"max_active_sessions": 2}, r"max_active_sessions = 2 cannot be split over shards = 4"),
+        (16, {"max_active_sessions": 15}, r"each shard needs at least one session"),
+        (
+            4,
+            {"max_session_bytes": 256 * 1024, "max_aggregate_bytes": 4 * 256 * 1024 - 1},
+            r"max_aggregate_bytes = 1048575 cannot be split over shards = 4: each shard's "
+            r"share \(262143 bytes\) must hold one session \(max_session_bytes = 262144\)",
+        ),
+        (3, {"max_aggregate_bytes": 3 * 256 * 1024 - 1}, r"at least shards x max_session_bytes"),
+    ],
+)
+def test_a_config_that_cannot_be_split_over_its_shards_is_refused(
+    shards: int, values: dict[str, int], message: str, tmp_path: Path
+) -> None:
+    limits = Limits(**values)
+    with pytest.raises(ValidationError, match=message):
+        ConversationConfig(shards=shards, limits=limits)
+    with pytest.raises(ValueError, match="cannot be split over"):
+        limits_packet(limits, shards)  # nor can a packet be built for it
+    # from a settings file too, naming the section
+    path = tmp_path / "gridmem.toml"
+    lines = "".join(f"{name} = {value}\n" for name, value in values.items())
+    path.write_text(f"[conversation]\nshards = {shards}\n[conversation.limits]\n{lines}")
+    with pytest.raises(ConfigError, match=rf"conversation: .*{message}"):
+        Settings.load(path)
+    # at the exact edge it is accepted
+    edge = {**values}
+    if "max_active_sessions" in values:
+        edge["max_active_sessions"] = shards
+    else:
+        edge["max_aggregate_bytes"] = shards * limits.max_session_bytes
+    ConversationConfig(shards=shards, limits=Limits(**edge))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -109,6 +109,40 @@ class Limits(BaseModel):
         return self
 
 
+class ShardLimits(NamedTuple):
+    """What each shard may hold: its share of the global session and byte bounds."""
+
+    max_sessions: int
+    max_aggregate_bytes: int
+
+
+def shard_limits(limits: Limits, shards: int) -> ShardLimits:
+    """Split the global bounds evenly over `shards`, rounding down.
+
+    Each shard keeps its own bounds (a script sees one shard), so the shares must
+    sum to at most the global limit: rounding up, or a floor of one, let four
+    shards hold four sessions under max_active_sessions = 2. A split that leaves
+    a shard less than one session is refused: that shard could never hold the
+    session being written.
+    """
+    sessions = limits.max_active_sessions // shards
+    aggregate = limits.max_aggregate_bytes // shards
+    if sessions < 1:
+        raise ValueError(
+            f"max_active_sessions = {limits.max_active_sessions} cannot be split over "
+            f"shards = {shards}: each shard needs at least one session "
+            f"(max_active_sessions must be at least shards)"
+        )
+    if aggregate < limits.max_session_bytes:
+        raise ValueError(
+            f"max_aggregate_bytes = {limits.max_aggregate_bytes} cannot be split over "
+            f"shards = {shards}: each shard's share ({aggregate} bytes) must hold one "
+            f"session (max_session_bytes = {limits.max_session_bytes}); max_aggregate_bytes "
+            f"must be at least shards x max_session_bytes = {shards * limits.max_session_bytes}"
+        )
+    return ShardLimits(sessions, aggregate)
+
+
 class ConversationConfig(BaseModel):
     """How the conversation store behaves."""
 
@@ -120,8 +154,14 @@ class ConversationConfig(BaseModel):
     flush_interval_seconds: float = Field(default=60.0, gt=0)
     # Key prefix; lowercase so operators can type it.
     namespace: str = Field(default="gm", pattern=r"^[a-z0-9_\-]{1,32}$")
-    # Redis Cluster hash-tag shards. Limits apply per shard (see docs/architecture.md).
+    # Redis Cluster hash-tag shards. The session and byte bounds are split over them
+    # (shard_limits; docs/architecture.md), never exceeding the global limits.
     shards: int = Field(default=1, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _splits_over_shards(self) -> ConversationConfig:
+        shard_limits(self.limits, self.shards)
+        return self
 
 
 def _blank_is_none(value: object) -> object:

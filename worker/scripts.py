@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from worker.config import Limits
+from worker.config import Limits, shard_limits
 from worker.keys import ServiceKeys, SessionKeys, ShardKeys
 
 T = TypeVar("T")
@@ -84,7 +84,9 @@ MAX_EVICTIONS_PER_CALL = 1000
 
 
 def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
-    """The limits as record_turn takes them. Shard-wide bounds are split evenly over shards."""
+    """The limits as record_turn takes them: one shard's share of the global bounds
+    (config.shard_limits), whose sum over the shards never exceeds them."""
+    share = shard_limits(limits, shards)
     values = {
         "max_turns": limits.max_turns_per_session,
         "low_turns": max(1, int(limits.max_turns_per_session * LOW_WATER)),
@@ -94,8 +96,8 @@ def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
         "low_tools": int(limits.max_tool_results_per_session * LOW_WATER),
         "max_summary_bytes": limits.max_summary_bytes,
         "summary_line_bytes": min(SUMMARY_LINE_BYTES, limits.max_summary_bytes),
-        "max_sessions": max(1, limits.max_active_sessions // shards),
-        "max_aggregate_bytes": max(1, limits.max_aggregate_bytes // shards),
+        "max_sessions": share.max_sessions,
+        "max_aggregate_bytes": share.max_aggregate_bytes,
         "max_evictions": MAX_EVICTIONS_PER_CALL,
         "archive": int(archive),
         "max_archive_segments": limits.max_archive_segments,
