@@ -22,7 +22,7 @@ from worker.context import context_messages, turn_view
 from worker.errors import InvalidInput
 from worker.keys import KeySpace
 from worker.prepare import Preparer
-from worker.reads import ReadCall, context_read
+from worker.reads import ReadCall, check_clock, context_read
 from worker.records import (
     Channel,
     ContextMessage,
@@ -56,7 +56,9 @@ from worker.validate import (
     page_anchor,
     page_direction,
     parse_channel,
+    plain_str,
     session_member,
+    shard_number,
     stream_id,
 )
 
@@ -95,7 +97,13 @@ class Operations:
         self._limits_packet = limits_packet(config.limits, config.shards, config.archive_enabled)
 
     def _now(self) -> ClockReading:
-        return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
+        """The clock, checked as the scripts check it: a Clock is caller code too, and a
+        bad reading (negative, a float, an odd boot id) must fail before any command."""
+        reading = ClockReading(
+            self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id()
+        )
+        check_clock(reading)
+        return reading
 
     def record(
         self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
@@ -184,12 +192,12 @@ class Operations:
     def _parse_cursor(self, cursor: object) -> tuple[int, str]:
         if cursor is None:
             return 0, ""
-        if not isinstance(cursor, str) or ":" not in cursor:
+        text = plain_str(cursor)
+        if text is None or ":" not in text:
             raise InvalidInput("cursor", "must be None or a cursor as returned by list_metadata()")
-        shard_text, after = cursor.split(":", 1)
-        if not shard_text.isdigit() or int(shard_text) >= self.keys.shards:
-            raise InvalidInput("cursor", "must be None or a cursor as returned by list_metadata()")
-        return int(shard_text), session_member(after, "cursor") if after else ""
+        shard_text, after = text.split(":", 1)
+        shard_no = shard_number(shard_text, self.keys.shards, "cursor")
+        return shard_no, session_member(after, "cursor") if after else ""
 
     def end_session(self, avatar_uuid: object, channel: object, reason: ReasonCode) -> Op[bool]:
         """Operator deletion or expiry: the session goes whole, with one event."""
@@ -198,7 +206,7 @@ class Operations:
         removed: bool = yield self.scripts.delete_session(
             session,
             shard,
-            now_wall=self.clock.wall_ms(),
+            now_wall=self._now().wall,
             reason=reason.value,
             max_events=self.config.limits.max_events,
         )
@@ -318,7 +326,7 @@ class Operations:
         shard = self.keys.shard(shard_no)
         event_id: str = yield self.scripts.publish_event(
             shard,
-            now_wall=self.clock.wall_ms(),
+            now_wall=self._now().wall,
             reason=reason.value,
             max_events=self.config.limits.max_events,
             session_id=session_id,
@@ -335,9 +343,10 @@ class Operations:
     def _parse_event_cursor(self, after: object) -> list[str]:
         if after is None:
             return [""] * self.keys.shards
-        if not isinstance(after, str):
+        text = plain_str(after)
+        if text is None:
             raise InvalidInput("after", "must be None or an event id as returned by events()")
-        parts = after.split(",")
+        parts = text.split(",")
         if len(parts) != self.keys.shards:
             raise InvalidInput("after", "must be None or an event id as returned by events()")
         return [stream_id(p, "after") if p else "" for p in parts]
