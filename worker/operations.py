@@ -99,11 +99,13 @@ class Operations:
     def _now(self) -> ClockReading:
         """The clock, checked as the scripts check it: a Clock is caller code too, and a
         bad reading (negative, a float, an odd boot id) must fail before any command."""
-        reading = ClockReading(
-            self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id()
-        )
+        reading = self._reading()
         check_clock(reading)
         return reading
+
+    def _reading(self) -> ClockReading:
+        """The clock unchecked, for context_read, which checks it itself."""
+        return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
 
     def record(
         self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
@@ -148,7 +150,7 @@ class Operations:
     def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         session, shard = self.keys.session(uuid, ch)
-        reply = yield context_read(session, shard, ch, self._now())
+        reply = yield context_read(session, shard, ch, self._reading())
         if not reply.session_id:
             return []
         return context_messages(reply.summary, reply.entries, reply.session_id)

@@ -34,8 +34,6 @@ T = TypeVar("T")
 
 # lib.lua arg_clock's boot_id rule ('^[%w%-_.]+$', at most MAX_BOOT_ID_CHARS).
 _BOOT_ID = re.compile(r"[A-Za-z0-9_.\-]+")
-# lib.lua clock_field: a stored clock field counts only as a decimal integer.
-_CLOCK_INT = re.compile(r"-?[0-9]+")
 
 
 class ReadCall(NamedTuple, Generic[T]):
@@ -70,12 +68,14 @@ def _lua_number(value: Any) -> float | None:
 def clock_field(value: Any) -> float | None:
     """lib.lua clock_field: a decimal integer (as the double Lua makes of it), else None.
 
-    ASCII digits only ([0-9], not str.isdigit's other scripts), as Lua's %d.
+    ASCII digits only, as Lua's %d: bytes.isdigit() takes nothing else (str.isdigit()
+    would take other scripts' digits).
     """
     if value is None:
         return None
-    raw = value.decode("latin-1") if isinstance(value, bytes) else str(value)
-    return float(raw) if _CLOCK_INT.fullmatch(raw) else None
+    raw = value if type(value) is bytes else str(value).encode("utf-8", "surrogatepass")
+    digits = raw[1:] if raw[:1] == b"-" else raw
+    return float(raw) if digits.isdigit() else None
 
 
 def clock_fields(boot: str) -> tuple[str, str, str]:
@@ -90,9 +90,10 @@ def live_now(fields: Sequence[Any], reading: ClockReading) -> float:
     latest time, the wall clock that wrote it, and this boot's offset. A boot
     without an offset gets the one it would be given at its first write.
     """
-    last, last_wall, offset = (clock_field(v) for v in fields)
-    if offset is None:
+    offset = clock_field(fields[2])
+    if offset is None:  # a boot that has not written: the offset its first write would get
         offset = 0.0
+        last, last_wall = clock_field(fields[0]), clock_field(fields[1])
         if last is not None:
             gap = reading.wall - (reading.wall if last_wall is None else last_wall)
             offset = last + max(gap, 0) - reading.mono
