@@ -73,7 +73,7 @@ def test_two_hosts_alternating_for_20_minutes_leave_a_30_minute_session_alive(
     redis: redis_py.Redis, skew: int, target_writer: str
 ) -> None:
     # Given host A wrote first, host B joined 10 s later, and one of them then
-    # wrote the session under test once (at `start`)
+    # wrote the session under test once (elapsed time 0 below)
     a, b, advance = two_hosts(redis, skew)
     busy = avatar(3)
     a.store.record(busy, "public", AvatarMessage(text="first"))
@@ -102,8 +102,10 @@ def test_two_hosts_alternating_for_20_minutes_leave_a_30_minute_session_alive(
     # write; by 30 minutes plus the skew it is gone from both
     alternate_until(TTL - abs(skew) - 1)
     assert_alive([a, b], True, 0)
+    assert a.store.sweep() == b.store.sweep() == 0
     alternate_until(TTL + abs(skew))
     assert_alive([a, b], False, 0)
+    assert a.store.sweep() + b.store.sweep() == 1
     assert turn > 2 * 30 * 60 * 0.99  # they did alternate all along
 
 
