@@ -22,6 +22,8 @@ def test_accepts_and_canonicalises() -> None:
         ({"avatar_uuid": U, "channel": "im", "text": "hi", "role": "system"}, "unknown_field"),
         ({"avatar_uuid": U, "channel": "im"}, "missing_text"),
         ({"avatar_uuid": U, "channel": "im", "text": "   "}, "missing_text"),
+        ({"avatar_uuid": U, "channel": "im", "text": "\x01\x02\x7f\n"}, "missing_text"),
+        ({"avatar_uuid": U, "channel": "im", "text": "\u200b\ufeff"}, "missing_text"),
         ({"avatar_uuid": U, "channel": "im", "text": "x" * 101}, "oversized"),
         ({"avatar_uuid": U, "channel": "im", "text": "é" * 51}, "oversized"),
         ({"avatar_uuid": "nope", "channel": "im", "text": "hi"}, "bad_uuid"),

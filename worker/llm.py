@@ -123,9 +123,15 @@ def clean_reply(reply: str, max_bytes: int) -> str | None:
     data = text.encode("utf-8")
     if len(data) > max_bytes:
         text = data[:max_bytes].decode("utf-8", "ignore")  # drops a cut character's head
-    if not _VISIBLE.search(text):
+    if not has_visible_text(text):
         return None
     return text
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether a reader would see anything: a resident's message of nothing but control
+    or invisible characters is no message, and neither is such a reply."""
+    return _VISIBLE.search(text) is not None
 
 
 class OfflineResponder:

@@ -53,7 +53,14 @@ from worker.clock import Clock, ScaledClock, SystemClock
 from worker.config import Settings, WorkerSettings
 from worker.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from worker.keys import KeySpace
-from worker.llm import FAILURE_NOTICE, ChatClient, LlmUnavailable, build_chat_client, clean_reply
+from worker.llm import (
+    FAILURE_NOTICE,
+    ChatClient,
+    LlmUnavailable,
+    build_chat_client,
+    clean_reply,
+    has_visible_text,
+)
 from worker.records import AgentReply, AvatarMessage, Receipt
 from worker.scripts import KeyStep
 from worker.store import RETRYABLE, AsyncConversationStore, connect_async
@@ -104,7 +111,7 @@ def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, st
     if set(fields) - INBOUND_FIELDS:
         raise Rejected("unknown_field")
     text = fields.get("text")
-    if not text or not text.strip():
+    if not text or not has_visible_text(text):
         raise Rejected("missing_text")
     if (
         len(text) > max_input_bytes
