@@ -355,7 +355,7 @@ def _parse_taken(raw: Sequence[Any]) -> list[TakenEntry]:
 class KeyStep:
     """claim_key / finish_entry: what the worker does next with a key."""
 
-    state: str  # ok | busy | empty | released | done | lost
+    state: str  # ok | busy | empty | released | done | lost; the worker adds stopped
     entry_id: str = ""
     attempts: int = 0  # with ok: attempts at entry_id so far, this one included
 
