@@ -421,6 +421,32 @@ def test_llm_replies_that_cannot_be_stored_as_given_are_cleaned_or_replaced(
     go(scenario())
 
 
+def test_a_reply_the_store_refuses_is_answered_with_the_failure_notice(
+    new_client: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever else the store refuses in a model's reply (its rules may grow), the
+    resident gets the failure notice and the model is not asked again."""
+    from worker.errors import InvalidRecord
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            store: Any = run.store
+            record = store.record
+
+            async def refusing(uuid: str, channel: str, item: Any, key: Any = None) -> Any:
+                if getattr(item, "kind", "") == "agent_reply" and item.text != FAILURE_NOTICE:
+                    raise InvalidRecord("text", "refused by a rule of the store")
+                return await record(uuid, channel, item, key)
+
+            monkeypatch.setattr(store, "record", refusing)
+            entry = await run.send(1, "hello")
+            await run.answered(entry)
+            assert run.replies[entry]["text"] == FAILURE_NOTICE
+            assert len(run.chat.asked) == 1 and await run.dead() == {}
+
+    go(scenario())
+
+
 # -- item 3: one huge message must not stall the other conversations ----------------------
 
 
