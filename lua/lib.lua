@@ -216,6 +216,31 @@ local function mailbox_keys(prefix, member)
   return prefix .. 'mbox:' .. member, prefix .. 'owner:' .. member
 end
 
+-- Count one more attempt at inbound entry `id` in the attempts hash (field: the
+-- entry ID, value '<attempts>:<token>'), unless this attempt is counted already.
+-- A worker names each attempt with a token of its own: a call that repeats the
+-- counted token (a resend after a connection fault) counts nothing, and `also`
+-- (an earlier token of the same worker, or '') lets a worker resume the attempt
+-- it had in hand when Redis became unreachable, renamed to `token`, uncounted.
+-- So connection faults never add up to poison; new tries, and adoptions of a
+-- dead or stalled worker's key, do. Returns the attempts so far.
+local function count_attempt(attempts, id, token, also)
+  local n, last = 0, ''
+  local seen = redis.call('HGET', attempts, id)
+  if seen then
+    local count, mark = string.match(seen, '^(%d+):(.*)$')
+    n, last = tonumber(count) or 0, mark or ''
+  end
+  if last == token then return n end
+  if last ~= '' and last == also then
+    redis.call('HSET', attempts, id, n .. ':' .. token)
+    return n
+  end
+  n = n + 1
+  redis.call('HSET', attempts, id, n .. ':' .. token)
+  return n
+end
+
 -- The shard context every session-ending script builds from its KEYS and ARGV:
 -- {lru = {public = key, im = key}, sessions, stats, events, max_events, wall}.
 local function shard_context(lru_public, lru_im, sessions, stats, events, max_events, wall)

@@ -2,7 +2,7 @@
 -- Read-only.
 -- KEYS[1] = gm:inbound  (stream)  inbound entries
 -- ARGV[1] = entry ID
--- Returns: {field, value, ...}, or {} if the entry is gone
+-- Returns: {field, value, ...} as stored (undecoded bytes), or {} if the entry is gone
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 

@@ -3,7 +3,8 @@
 -- entries in stream (arrival) order, whichever worker read them. The worker that
 -- owns a key (claim_key) answers its mailbox in order. Entries without a valid
 -- avatar UUID and channel are returned with a reason and filed nowhere: the
--- reader dead-letters them.
+-- reader dead-letters them. Fields are compared as bytes, never decoded, so a
+-- UUID or channel holding bytes that are not UTF-8 is just not a valid one.
 -- KEYS[1] = gm:inbound           (stream)  inbound entries
 -- KEYS[2] = {gm:inbound}:ready   (set)     keys with entries waiting
 -- ARGV[1] = group name

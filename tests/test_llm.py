@@ -16,6 +16,7 @@ from worker.llm import (
     OfflineResponder,
     OpenAICompatible,
     build_chat_client,
+    clean_reply,
     offline_reply,
 )
 
@@ -99,3 +100,33 @@ def test_offline_responder_is_deterministic_and_says_what_it_is() -> None:
     assert '"second"' in reply and "first" not in reply
     assert isinstance(build_chat_client(LlmSettings()), OfflineResponder)
     assert isinstance(build_chat_client(LlmSettings(base_url="http://x/v1")), OpenAICompatible)
+
+
+@pytest.mark.parametrize(
+    ("reply", "cleaned"),
+    [
+        ("plain words", "plain words"),
+        ("emoji \U0001f600 and \u00e9", "emoji \U0001f600 and \u00e9"),
+        ("a \ud83d lone high surrogate", "a \ufffd lone high surrogate"),
+        ("\udc00 lone low, then words", "\ufffd lone low, then words"),
+        ("tab\tand\nnewline", "tab\tand\nnewline"),
+        ("bell\x07 stays for the store to drop", "bell\x07 stays for the store to drop"),
+        ("", None),
+        ("   \n\t ", None),
+        ("\x00\x01\x1b\x7f\x9f", None),  # control characters only
+        ("\u200b\u200d\u2060\ufeff\u00ad", None),  # invisible format characters only
+        ("\ud800\udfff", None),  # nothing but what could not be stored
+    ],
+)
+def test_clean_reply(reply: str, cleaned: str | None) -> None:
+    """Regression (issue 12): a reply the store refuses (a lone surrogate) made the worker
+    ask the model again every lease, forever. Now it is cleaned, or None: the caller
+    answers with the failure notice."""
+    assert clean_reply(reply, 1000) == cleaned
+
+
+def test_clean_reply_cuts_on_a_character_boundary_under_the_ceiling() -> None:
+    reply = "é" * 600  # 1200 bytes
+    cut = clean_reply(reply, 1001)
+    assert cut == "é" * 500  # 1000 bytes: the character cut in half is dropped whole
+    assert clean_reply("abc", 3) == "abc"

@@ -306,9 +306,10 @@ def _wrapper_calls() -> dict[str, Any]:
         "publish_limits": s.publish_limits(SHARD, {"max_events": 5}),
         "ensure_group": s.ensure_group(SERVICE, group="g"),
         "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
-        "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1),
+        "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1, token="t"),
         "finish_entry": s.finish_entry(
-            SERVICE, group="g", entry_id="1-0", member=MEMBER, owner="w", lease_ms=1, release=False
+            SERVICE, group="g", entry_id="1-0", member=MEMBER, owner="w", lease_ms=1, release=False,
+            token="t",
         ),
         "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),

@@ -324,8 +324,23 @@ def test_malformed_entries_are_dead_lettered_and_work_goes_on(base: Path) -> Non
                     {"avatar_uuid": avatar(4), "channel": "im", "text": "x", "role": "system"},
                 ): "unknown_field",
                 add("gm:inbound", {"channel": "im", "text": "x"}): "missing_field",
+                # issue 12: bytes that are not UTF-8, even in a field no one uses
+                add(
+                    "gm:inbound", {"avatar_uuid": avatar(5), "channel": "im", "text": b"caf\xe9"}
+                ): "bad_encoding",
+                add(
+                    "gm:inbound",
+                    {
+                        "avatar_uuid": avatar(6),
+                        "channel": "im",
+                        "text": "x",
+                        "avatar_name": b"\xff",
+                    },
+                ): "bad_encoding",
             }
+            # the same residents' next messages are answered: nothing waits behind a bad one
             good = [service.send(who, "public", 0) for who in range(10, 16)]
+            good += [service.send(who, "im", 1) for who in (5, 6)]
             service.wait_answers(good)
             wait_until(
                 service.process,

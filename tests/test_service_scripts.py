@@ -24,12 +24,13 @@ def run(store: ConversationStore) -> Any:
     return store.run
 
 
-def _add(redis: redis_py.Redis, **fields: str) -> str:
+def _add(redis: redis_py.Redis, **fields: str | bytes) -> str:
     return str(redis.xadd(SERVICE.inbound, fields).decode())  # type: ignore[union-attr]
 
 
 def test_keys_share_the_inbound_slot() -> None:
     assert SERVICE.inbound == "gm:inbound" and SERVICE.ready == "{gm:inbound}:ready"
+    assert SERVICE.attempts == "{gm:inbound}:attempts"
     assert (SERVICE.outbound, SERVICE.dead) == ("gm:outbound", "gm:dead")
 
 
@@ -77,46 +78,96 @@ def _filed(run: Any, redis: redis_py.Redis, n: int) -> list[str]:
     return ids
 
 
+def _claim(run: Any, owner: str, token: str, also: str = "", member: str = MA) -> Any:
+    return run(
+        SCRIPTS.claim_key(
+            SERVICE, member=member, owner=owner, lease_ms=10_000, token=token, also=also
+        )
+    )
+
+
+def _finish(
+    run: Any, entry: str, owner: str = "w1", release: bool = False, token: str = "next"
+) -> Any:
+    return run(
+        SCRIPTS.finish_entry(
+            SERVICE,
+            group="g",
+            entry_id=entry,
+            member=MA,
+            owner=owner,
+            lease_ms=10_000,
+            release=release,
+            token=token,
+        )
+    )
+
+
+def _attempts(redis: redis_py.Redis) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in redis.hgetall(SERVICE.attempts).items()}
+
+
 def test_claim_finish_walk_a_mailbox(run: Any, redis: redis_py.Redis) -> None:
     ids = _filed(run, redis, 3)
-    claim = SCRIPTS.claim_key(SERVICE, member=MA, owner="w1", lease_ms=10_000)
-    step = run(claim)
-    assert (step.state, step.entry_id) == ("ok", ids[0])
-    assert run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w2", lease_ms=10_000)).state == "busy"
-    assert run(claim).entry_id == ids[0]  # the owner may claim again: same head
+    step = _claim(run, "w1", "t1")
+    assert (step.state, step.entry_id, step.attempts) == ("ok", ids[0], 1)
+    assert _claim(run, "w2", "u1").state == "busy"
+    assert _claim(run, "w1", "t1").entry_id == ids[0]  # the owner may claim again: same head
 
-    def finish(entry: str, owner: str = "w1", release: bool = False) -> Any:
-        return run(
-            SCRIPTS.finish_entry(
-                SERVICE,
-                group="g",
-                entry_id=entry,
-                member=MA,
-                owner=owner,
-                lease_ms=10_000,
-                release=release,
-            )
-        )
-
-    assert (finish(ids[0]).state, finish(ids[0]).entry_id) == ("ok", ids[1])
+    first = _finish(run, ids[0], token="t2")
+    assert (first.state, first.entry_id, first.attempts) == ("ok", ids[1], 1)
+    assert _finish(run, ids[0], token="t2") == first  # a resend hands over the same, uncounted
     assert redis.xlen(SERVICE.inbound) == 2  # acknowledged and deleted: no raw words left
-    assert finish(ids[1], release=True).state == "released"
+    assert _attempts(redis) == {ids[1]: "1:t2"}  # the finished entry's counter went with it
+    assert _finish(run, ids[1], release=True).state == "released"
     assert run(SCRIPTS.orphaned_keys(SERVICE, sample=10)) == [MA]
-    assert (
-        run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w2", lease_ms=10_000)).entry_id == ids[2]
-    )
-    assert finish(ids[2], owner="w1").state == "lost"  # w2 owns it now
-    assert run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w2", lease_ms=10_000)).state == "empty"
+    assert _claim(run, "w2", "u2").entry_id == ids[2]
+    assert _finish(run, ids[2], owner="w1").state == "lost"  # w2 owns it now
+    assert _claim(run, "w2", "u3").state == "empty"
     assert not redis.exists("{gm:inbound}:owner:" + MA) and not redis.sismember(SERVICE.ready, MA)
     assert redis.xpending(SERVICE.inbound, "g")["pending"] == 0
+    assert _attempts(redis) == {}  # bounded: nothing is left once every entry is finished
+
+
+def test_attempts_count_new_tries_and_adoptions_not_resends(
+    run: Any, redis: redis_py.Redis
+) -> None:
+    """Regression (issue 12, poison): attempts at an entry are counted in Redis with the
+    claim, across owners, so an entry that keeps failing or killing its worker can be
+    dead-lettered; a resend or a resume after a connection fault counts nothing."""
+    ids = _filed(run, redis, 2)
+    # Given w1 claims the head, fails, and tries again under a new token
+    assert _claim(run, "w1", "a").attempts == 1
+    assert _claim(run, "w1", "a").attempts == 1  # a resend of the same claim
+    assert _claim(run, "w1", "b").attempts == 2  # a new attempt
+    # When w1 dies holding it (its lease runs out) and w2 adopts the key
+    redis.delete("{gm:inbound}:owner:" + MA)
+    adopted = _claim(run, "w2", "c")
+    # Then the adoption counts: the dead worker's attempt ended without a word
+    assert (adopted.entry_id, adopted.attempts) == (ids[0], 3)
+    # And a resume naming the attempt in hand renames it without counting
+    assert _claim(run, "w2", "d", also="c").attempts == 3
+    assert _attempts(redis) == {ids[0]: "3:d"}
+    assert _claim(run, "w2", "e", also="zzz").attempts == 4  # a stranger's token counts
+    # And the hand-over to the next entry starts its own count
+    nxt = _finish(run, ids[0], owner="w2", token="f")
+    assert (nxt.entry_id, nxt.attempts) == (ids[1], 1)
+    assert _attempts(redis) == {ids[1]: "1:f"}
 
 
 def test_finish_empty_and_done(run: Any, redis: redis_py.Redis) -> None:
     [only] = _filed(run, redis, 1)
-    run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=10_000))
+    _claim(run, "w", "t")
     step = run(
         SCRIPTS.finish_entry(
-            SERVICE, group="g", entry_id=only, member=MA, owner="w", lease_ms=1, release=False
+            SERVICE,
+            group="g",
+            entry_id=only,
+            member=MA,
+            owner="w",
+            lease_ms=1,
+            release=False,
+            token="t2",
         )
     )
     assert step.state == "empty" and not redis.exists("{gm:inbound}:owner:" + MA)
@@ -124,15 +175,23 @@ def test_finish_empty_and_done(run: Any, redis: redis_py.Redis) -> None:
     run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=1))
     done = run(
         SCRIPTS.finish_entry(
-            SERVICE, group="g", entry_id=bad, member="", owner="w", lease_ms=1, release=False
+            SERVICE,
+            group="g",
+            entry_id=bad,
+            member="",
+            owner="w",
+            lease_ms=1,
+            release=False,
+            token="t3",
         )
     )
     assert done.state == "done" and redis.xlen(SERVICE.inbound) == 0
+    assert _attempts(redis) == {}
 
 
 def test_renew_lease(run: Any, redis: redis_py.Redis) -> None:
     _filed(run, redis, 1)
-    run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1000))
+    run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1000, token="t"))
     assert run(SCRIPTS.renew_lease(SERVICE, member=MA, owner="w", lease_ms=90_000)) is True
     assert redis.pttl("{gm:inbound}:owner:" + MA) > 60_000
     assert run(SCRIPTS.renew_lease(SERVICE, member=MA, owner="other", lease_ms=90_000)) is False
@@ -140,12 +199,12 @@ def test_renew_lease(run: Any, redis: redis_py.Redis) -> None:
 
 def test_read_inbound_dead_letter_publish(run: Any, redis: redis_py.Redis) -> None:
     entry = _add(redis, avatar_uuid=A, channel="im", text="héllo")
-    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry)) == {
-        "avatar_uuid": A,
-        "channel": "im",
-        "text": "héllo",
-    }
-    assert run(SCRIPTS.read_inbound(SERVICE, entry_id="1-1")) == {}
+    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry)) == [
+        (b"avatar_uuid", A.encode()),
+        (b"channel", b"im"),
+        (b"text", "héllo".encode()),
+    ]
+    assert run(SCRIPTS.read_inbound(SERVICE, entry_id="1-1")) == []
     for _ in range(4):
         run(SCRIPTS.dead_letter(SERVICE, entry_id=entry, reason="oversized", max_entries=3))
     assert redis.xlen(SERVICE.dead) == 3
@@ -172,19 +231,78 @@ def test_read_inbound_dead_letter_publish(run: Any, redis: redis_py.Redis) -> No
     }
 
 
+def test_read_inbound_returns_undecodable_bytes_as_they_are(
+    run: Any, redis: redis_py.Redis
+) -> None:
+    """Regression (issue 12): one invalid UTF-8 byte in any field failed the whole read,
+    before the entry could be dead-lettered. The read hands over bytes; the worker decodes."""
+    entry = _add(redis, avatar_uuid=A, channel="im", text="hi", avatar_name=b"\xff\xfeAnn")
+    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry))[-1] == (
+        b"avatar_name",
+        b"\xff\xfeAnn",
+    )
+
+
+def test_take_files_nothing_for_undecodable_uuid_or_channel(
+    run: Any, redis: redis_py.Redis
+) -> None:
+    """Bad bytes where the key is named end as dead-letter reasons, never as an error."""
+    run(SCRIPTS.ensure_group(SERVICE, group="g"))
+    bad_uuid = _add(redis, avatar_uuid=A.encode()[:-1] + b"\xff", channel="im", text="x")
+    bad_channel = _add(redis, avatar_uuid=A, channel=b"i\xc3m", text="x")
+    taken = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=10))
+    assert [(t.entry_id, t.member, t.reason) for t in taken] == [
+        (bad_uuid, "", "bad_uuid"),
+        (bad_channel, "", "bad_channel"),
+    ]
+    assert redis.scard(SERVICE.ready) == 0
+
+
+@pytest.mark.parametrize("reason", ["bad_encoding", "poison"])
+def test_dead_letter_knows_the_new_reasons(run: Any, redis: redis_py.Redis, reason: str) -> None:
+    run(SCRIPTS.dead_letter(SERVICE, entry_id="5-1", reason=reason, max_entries=10))
+    [(_, fields)] = redis.xrange(SERVICE.dead)
+    assert fields == {b"id": b"5-1", b"reason": reason.encode()}
+
+
 @pytest.mark.parametrize(
     ("call", "field"),
     [
         (SCRIPTS.ensure_group(SERVICE, group="bad group"), "group"),
         (SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=0), "count"),
         (SCRIPTS.take_inbound(SERVICE, group="g", consumer="", count=1), "consumer"),
-        (SCRIPTS.claim_key(SERVICE, member="x", owner="w", lease_ms=1), "member"),
-        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=0), "lease_ms"),
+        (SCRIPTS.claim_key(SERVICE, member="x", owner="w", lease_ms=1, token="t"), "member"),
+        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=0, token="t"), "lease_ms"),
+        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, token=""), "token"),
+        (
+            SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, token="t", also="a b"),
+            "also",
+        ),
         (
             SCRIPTS.finish_entry(
-                SERVICE, group="g", entry_id="abc", member=MA, owner="w", lease_ms=1, release=False
+                SERVICE,
+                group="g",
+                entry_id="abc",
+                member=MA,
+                owner="w",
+                lease_ms=1,
+                release=False,
+                token="t",
             ),
             "entry_id",
+        ),
+        (
+            SCRIPTS.finish_entry(
+                SERVICE,
+                group="g",
+                entry_id="1-0",
+                member=MA,
+                owner="w",
+                lease_ms=1,
+                release=False,
+                token="a b",
+            ),
+            "token",
         ),
         (SCRIPTS.renew_lease(SERVICE, member=MA, owner="w w", lease_ms=1), "owner"),
         (SCRIPTS.orphaned_keys(SERVICE, sample=0), "sample"),

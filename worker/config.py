@@ -206,6 +206,10 @@ class WorkerSettings(BaseModel):
     # How long a worker owns a conversation key it is answering (renewed while busy);
     # after a crash, another worker takes the key over once the lease runs out.
     lease_seconds: float = Field(default=30.0, ge=1, le=3600)
+    # An inbound entry whose handling fails this many times (an error, or a worker that
+    # died or stalled past its lease holding it) is dead-lettered as `poison`, and its
+    # key goes on to the next entry. Counted in Redis; connection faults do not count.
+    max_attempts: int = Field(default=3, ge=1, le=100)
     # Idle sessions are swept (memory freed) this often.
     sweep_interval_seconds: float = Field(default=60.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

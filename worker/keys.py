@@ -20,6 +20,7 @@ Layout (namespace "gm", shard 0):
     {gm:inbound}:ready                  set     conversation keys with inbound entries waiting
     {gm:inbound}:mbox:<uuid>:<ch>       list    waiting entry IDs of one key, arrival order
     {gm:inbound}:owner:<uuid>:<ch>      string  the worker answering that key (a lease)
+    {gm:inbound}:attempts               hash    entry ID -> attempts at answering it (poison)
 
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
@@ -85,6 +86,7 @@ class ServiceKeys:
     outbound: str
     dead: str
     ready: str
+    attempts: str
 
 
 class KeySpace:
@@ -131,6 +133,7 @@ class KeySpace:
             dead=f"{self.namespace}:dead",
             # in the inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
             ready=f"{{{inbound}}}:ready",
+            attempts=f"{{{inbound}}}:attempts",
         )
 
     def _build_shard(self, shard: int) -> ShardKeys:

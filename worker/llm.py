@@ -9,6 +9,7 @@ the caller gets LlmUnavailable and answers the resident with FAILURE_NOTICE.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Protocol
 
 import httpx
@@ -23,6 +24,12 @@ FAILURE_NOTICE = (
 OFFLINE_LABEL = "(offline responder: no language model is configured)"
 
 Message = dict[str, str]
+
+# JSON may carry lone surrogates ("\ud800"); UTF-8, and so Redis, cannot hold them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A character a reader would see: not whitespace, not a control or invisible format
+# character, not the replacement character a lone surrogate became.
+_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2060-\u2064\ufeff\ufffd]")
 
 
 class LlmUnavailable(Exception):
@@ -101,6 +108,30 @@ def _content(response: httpx.Response) -> str:
     if not isinstance(content, str) or not content.strip():
         raise LlmUnavailable("empty response")
     return content
+
+
+def clean_reply(reply: str, max_bytes: int) -> str | None:
+    """The model's reply in a form the store takes as given, or None if nothing is left.
+
+    Whatever a model returns must end as a stored reply or a failure notice, never as
+    an error that would ask the model again and again: lone surrogates become U+FFFD,
+    a reply over the store's input ceiling (`max_bytes`) is cut on a UTF-8 boundary
+    (the store then bounds it to max_text_bytes with its marker), and a reply with
+    nothing visible in it (whitespace, control or invisible characters only) is None.
+    """
+    text = _SURROGATE.sub("\ufffd", reply)
+    data = text.encode("utf-8")
+    if len(data) > max_bytes:
+        text = data[:max_bytes].decode("utf-8", "ignore")  # drops a cut character's head
+    if not has_visible_text(text):
+        return None
+    return text
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether a reader would see anything: a resident's message of nothing but control
+    or invisible characters is no message, and neither is such a reply."""
+    return _VISIBLE.search(text) is not None
 
 
 class OfflineResponder:

@@ -37,7 +37,8 @@ LLM_ERRORS = Counter(
 )
 MESSAGES = Counter(
     "gridmem_messages_total",
-    "Inbound entries handled: answered, failure_notice, republished, dead_lettered.",
+    "Inbound entries handled: answered, failure_notice, republished, dead_lettered; "
+    "and failed_attempt (an attempt that raised; retried or dead-lettered as poison).",
     ["outcome"],
 )
 

@@ -357,13 +357,23 @@ def _parse_taken(raw: Sequence[Any]) -> list[TakenEntry]:
 class KeyStep:
     """claim_key / finish_entry: what the worker does next with a key."""
 
-    state: str  # ok | busy | empty | released | done | lost
+    state: str  # ok | busy | empty | released | done | lost; the worker adds stopped
     entry_id: str = ""
+    attempts: int = 0  # with ok: attempts at entry_id so far, this one included
 
 
 def _parse_step(raw: Sequence[Any]) -> KeyStep:
     values = [text(v) for v in raw]
-    return KeyStep(values[0], values[1] if len(values) > 1 else "")
+    if len(values) > 1:
+        return KeyStep(values[0], values[1], int(values[2]))
+    return KeyStep(values[0])
+
+
+def _parse_raw_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+    """Field/value pairs as the bytes Redis holds: the caller decodes each strictly, since
+    the bridge may write anything and one undecodable byte must not fail the whole read."""
+    values = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in raw]
+    return list(zip(values[0::2], values[1::2], strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,9 +661,22 @@ class Scripts:
         )
 
     def claim_key(
-        self, service: ServiceKeys, *, member: str, owner: str, lease_ms: int
+        self,
+        service: ServiceKeys,
+        *,
+        member: str,
+        owner: str,
+        lease_ms: int,
+        token: str,
+        also: str = "",
     ) -> ScriptCall[KeyStep]:
-        return self._call("claim_key", (service.ready,), (member, owner, lease_ms), _parse_step)
+        """Safe to resend: the token makes a repeated claim count its attempt once."""
+        return self._call(
+            "claim_key",
+            (service.ready, service.attempts),
+            (member, owner, lease_ms, token, also),
+            _parse_step,
+        )
 
     def finish_entry(
         self,
@@ -665,11 +688,13 @@ class Scripts:
         owner: str,
         lease_ms: int,
         release: bool,
+        token: str,
     ) -> ScriptCall[KeyStep]:
+        """`token` names the attempt at the next entry, if one is handed over."""
         return self._call(
             "finish_entry",
-            (service.inbound, service.ready),
-            (group, entry_id, member, owner, lease_ms, int(release)),
+            (service.inbound, service.ready, service.attempts),
+            (group, entry_id, member, owner, lease_ms, int(release), token),
             _parse_step,
         )
 
@@ -681,8 +706,10 @@ class Scripts:
     def orphaned_keys(self, service: ServiceKeys, *, sample: int) -> ScriptCall[list[str]]:
         return self._call("orphaned_keys", (service.ready,), (sample,), _parse_texts)
 
-    def read_inbound(self, service: ServiceKeys, *, entry_id: str) -> ScriptCall[dict[str, str]]:
-        return self._call("read_inbound", (service.inbound,), (entry_id,), _parse_fields)
+    def read_inbound(
+        self, service: ServiceKeys, *, entry_id: str
+    ) -> ScriptCall[list[tuple[bytes, bytes]]]:
+        return self._call("read_inbound", (service.inbound,), (entry_id,), _parse_raw_fields)
 
     def dead_letter(
         self, service: ServiceKeys, *, entry_id: str, reason: str, max_entries: int

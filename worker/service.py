@@ -16,19 +16,36 @@ is safe: the lease runs out, another worker claims the key and redoes the entry;
 the idempotency keys keep the store exactly-once, and a reply already recorded
 is re-published rather than asked again (outbound is at-least-once; the bridge
 can drop repeats by `in_reply_to`). Malformed entries go to the dead-letter
-stream with a reason code, never their text.
+stream with a reason code, never their text; so do entries with a field that is
+not valid UTF-8 (`bad_encoding`): every field is read as bytes and decoded here.
+
+Poison: every attempt at an entry is counted in Redis, in the same step that
+hands the entry to a worker (claim_key / finish_entry), so the count survives
+lease adoptions and worker restarts. An attempt that raises is retried at once
+(the lease is still ours); after `worker.max_attempts` failed attempts, or when
+the count shows that many attempts already ended without a word (their worker
+died or stalled past its lease), the entry is dead-lettered as `poison` and the
+key moves on to its next entry. Connection faults are not failures: the worker
+waits for Redis and resumes the same attempt, uncounted. A model reply that
+cannot be stored as given is cleaned, or replaced by the failure notice
+(llm.clean_reply); it is never a reason to ask the model again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
+import traceback
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from worker import metrics
@@ -36,8 +53,16 @@ from worker.clock import Clock, ScaledClock, SystemClock
 from worker.config import Settings, WorkerSettings
 from worker.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from worker.keys import KeySpace
-from worker.llm import FAILURE_NOTICE, ChatClient, LlmUnavailable, build_chat_client
-from worker.records import AgentReply, AvatarMessage
+from worker.llm import (
+    FAILURE_NOTICE,
+    ChatClient,
+    LlmUnavailable,
+    build_chat_client,
+    clean_reply,
+    has_visible_text,
+)
+from worker.records import AgentReply, AvatarMessage, Receipt
+from worker.scripts import KeyStep
 from worker.store import RETRYABLE, AsyncConversationStore, connect_async
 from worker.validate import canonical_uuid, parse_channel
 
@@ -59,6 +84,26 @@ class Rejected(Exception):
         self.reason = reason
 
 
+def decode_inbound(raw: Sequence[tuple[bytes, bytes]], max_input_bytes: int) -> dict[str, str]:
+    """An entry's fields as text, each decoded strictly; else Rejected.
+
+    The bridge may write any bytes into any field, even one we never use: a field
+    that is not UTF-8 is `bad_encoding`, one over the input ceiling `oversized`
+    (checked first, so no oversized field is ever decoded).
+    """
+    if not raw:
+        raise Rejected("gone")
+    fields = {}
+    for name, value in raw:
+        if len(value) > max_input_bytes:
+            raise Rejected("oversized")
+        try:
+            fields[name.decode("utf-8")] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Rejected("bad_encoding") from None
+    return fields
+
+
 def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, str, str]:
     """(avatar UUID, channel, text) of a well-formed inbound entry, else Rejected."""
     if not fields:
@@ -66,7 +111,7 @@ def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, st
     if set(fields) - INBOUND_FIELDS:
         raise Rejected("unknown_field")
     text = fields.get("text")
-    if not text or not text.strip():
+    if not text or not has_visible_text(text):
         raise Rejected("missing_text")
     if (
         len(text) > max_input_bytes
@@ -96,6 +141,16 @@ def worker_name() -> str:
     return re.sub(r"[^A-Za-z0-9_.:\-]", "_", raw)[:100]
 
 
+def describe(exc: BaseException) -> str:
+    """An exception as its type and the line that raised it, never its message:
+    messages may quote what a resident said (pydantic's do)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno} in {last.name}"
+
+
 class Worker:
     """Answers inbound entries until stop() is called; then finishes what it holds."""
 
@@ -114,6 +169,7 @@ class Worker:
         self.keys = KeySpace(conversation.namespace, conversation.shards).service()
         self.scripts = store.scripts
         self.lease_ms = int(settings.worker.lease_seconds * 1000)
+        self.max_attempts = settings.worker.max_attempts
         self.stats: Counter[str] = Counter()
         self._stopping = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.worker.concurrency)
@@ -124,6 +180,10 @@ class Worker:
         self._max_keys = 2 * settings.worker.concurrency
         self._key_done = asyncio.Event()
         self._last_seen = "0-0"
+        # Attempt tokens: random per Worker, so a restarted process (same name, same
+        # pid in a container) never passes for the one that died.
+        self._token_prefix = secrets.token_hex(6)
+        self._token_numbers = itertools.count(1)
 
     def stop(self) -> None:
         """Stop taking work; entries in hand are finished and their keys released."""
@@ -173,10 +233,20 @@ class Worker:
         return len(taken)
 
     async def _wait_for_inbound(self) -> None:
-        """Block (up to a second) until the stream has entries past the last one seen."""
-        found: Any = await self.store.redis.xread(
-            {self.keys.inbound: self._last_seen}, count=100, block=1000
+        """Block (up to a second) until the stream has entries past the last one seen,
+        or until stop(): a stopping worker does not sit out the read."""
+        read = asyncio.ensure_future(
+            self.store.redis.xread({self.keys.inbound: self._last_seen}, count=100, block=1000)
         )
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not read.done():
+            read.cancel()  # redis-py drops that connection: its reply is never read
+            with contextlib.suppress(asyncio.CancelledError, *RETRYABLE):
+                await read
+            return
+        found: Any = read.result()
         for entry_id in _entry_ids(found):
             self._last_seen = max(self._last_seen, entry_id, key=_stream_order)
 
@@ -207,29 +277,101 @@ class Worker:
 
     async def _answer_key(self, member: str) -> None:
         try:
-            step = await self.store.run(
-                self.scripts.claim_key(
-                    self.keys, member=member, owner=self.name, lease_ms=self.lease_ms
-                )
-            )
-            renewer = asyncio.create_task(self._renew(member))
-            try:
-                while step.state == "ok":
-                    async with self._slots:
-                        await self._answer_entry(member, step.entry_id)
-                    step = await self._finish(step.entry_id, member)
-            finally:
-                renewer.cancel()
+            await self._walk(member)
         except RETRYABLE:
-            log.warning("redis unreachable while answering a key; its lease will expire")
-        except Exception:
-            log.exception("unexpected error while answering a key")
+            log.warning("redis unreachable while taking a key; its lease will expire")
+        except Exception as exc:  # a bug of ours, not of the entry: the lease will expire
+            log.error("unexpected %s while answering a key", describe(exc))
         finally:
             del self._active[member]
             self._key_done.set()
             if member in self._recheck:
                 self._recheck.discard(member)
                 self._start(member)
+
+    def _token(self) -> str:
+        """A new name for one attempt at an entry (see claim_key.lua)."""
+        return f"{self._token_prefix}.{next(self._token_numbers)}"
+
+    async def _walk(self, member: str) -> None:
+        """Claim the key, then answer its entries oldest first until it is empty."""
+        token = self._token()
+        try:
+            step = await self._claim(member, token)
+        except RETRYABLE:  # the claim may have gone through: resume it, uncounted
+            step = await self._resume(member, token, "")
+        renewer = asyncio.create_task(self._renew(member))
+        try:
+            while step.state == "ok":
+                step, token = await self._step(member, step, token)
+        finally:
+            renewer.cancel()
+
+    async def _step(self, member: str, step: KeyStep, token: str) -> tuple[KeyStep, str]:
+        """One attempt at the key's head entry. Returns the next step and its attempt's token."""
+        entry_id, after = step.entry_id, self._token()
+        try:
+            if step.attempts > self.max_attempts:
+                # earlier attempts ended without a word: their worker died or stalled
+                await self._dead_letter(entry_id, "poison", member=member)
+            elif not await self._attempt(member, entry_id, step.attempts):
+                if step.attempts < self.max_attempts:
+                    return await self._claim(member, after), after  # counts the next attempt
+                await self._dead_letter(entry_id, "poison", member=member)
+            return await self._finish(entry_id, member, after), after
+        except RETRYABLE:
+            log.warning("redis unreachable during entry %s; resuming it when it answers", entry_id)
+            return await self._resume(member, after, token), after
+
+    async def _attempt(self, member: str, entry_id: str, attempt: int) -> bool:
+        """Answer one entry. False if that failed (connection faults propagate)."""
+        try:
+            async with self._slots:
+                await self._answer_entry(member, entry_id)
+        except RETRYABLE:
+            raise
+        except Exception as exc:
+            self.stats["failed_attempts"] += 1
+            metrics.MESSAGES.labels("failed_attempt").inc()
+            log.warning(
+                "entry %s: attempt %d of %d failed: %s",
+                entry_id,
+                attempt,
+                self.max_attempts,
+                describe(exc),
+            )
+            return False
+        return True
+
+    async def _claim(self, member: str, token: str, also: str = "") -> KeyStep:
+        step: KeyStep = await self.store.run(
+            self.scripts.claim_key(
+                self.keys,
+                member=member,
+                owner=self.name,
+                lease_ms=self.lease_ms,
+                token=token,
+                also=also,
+            )
+        )
+        return step
+
+    async def _resume(self, member: str, token: str, earlier: str) -> KeyStep:
+        """After a connection fault: once Redis answers, claim the key again.
+
+        The claim names both tokens of this attempt (`earlier` for the entry in hand,
+        `token` for the next one in case finish_entry went through), so the fault is
+        never counted as an attempt; if the lease ran out and another worker took the
+        key meanwhile, the claim says busy and that worker goes on.
+        """
+        delay = 0.25
+        while not self._stopping.is_set():
+            await self._pause(delay)
+            try:
+                return await self._claim(member, token, also=earlier)
+            except RETRYABLE:
+                delay = min(2 * delay, 5.0)
+        return KeyStep("stopped")  # the lease runs out; another worker takes the key
 
     async def _renew(self, member: str) -> None:
         while True:
@@ -241,8 +383,8 @@ class Worker:
                     )
                 )
 
-    async def _finish(self, entry_id: str, member: str) -> Any:
-        return await self.store.run(
+    async def _finish(self, entry_id: str, member: str, token: str) -> KeyStep:
+        step: KeyStep = await self.store.run(
             self.scripts.finish_entry(
                 self.keys,
                 group=GROUP,
@@ -251,8 +393,10 @@ class Worker:
                 owner=self.name,
                 lease_ms=self.lease_ms,
                 release=self._stopping.is_set(),
+                token=token,
             )
         )
+        return step
 
     async def _dead_letter(self, entry_id: str, reason: str, *, member: str) -> None:
         await self.store.run(
@@ -261,17 +405,19 @@ class Worker:
             )
         )
         self.stats["dead_lettered"] += 1
+        self.stats[f"dead_lettered:{reason}"] += 1
         metrics.MESSAGES.labels("dead_lettered").inc()
         log.info("entry %s dead-lettered: %s", entry_id, reason)
         if not member:
-            await self._finish(entry_id, "")
+            await self._finish(entry_id, "", self._token())
 
     # -- one entry ---------------------------------------------------------------------------
 
     async def _answer_entry(self, member: str, entry_id: str) -> None:
-        fields = await self.store.run(self.scripts.read_inbound(self.keys, entry_id=entry_id))
+        raw = await self.store.run(self.scripts.read_inbound(self.keys, entry_id=entry_id))
         limits = self.settings.conversation.limits
         try:
+            fields = decode_inbound(raw, limits.max_input_bytes)
             uuid, channel, text = check_inbound(fields, limits.max_input_bytes)
             _, seen = await self.store.record_checked(
                 uuid, channel, AvatarMessage(text=text), idempotency_key=entry_id
@@ -291,15 +437,36 @@ class Worker:
         if not seen:
             metrics.RECORDS.labels("avatar_message").inc()
         reply = await self._ask(uuid, channel)
-        reply = reply[: limits.max_input_bytes // 4]  # our own text: cut, never refused
-        with metrics.RECORD_SECONDS.time():
-            answered = await self.store.record(uuid, channel, AgentReply(text=reply), reply_key)
-        metrics.RECORDS.labels("agent_reply").inc()
+        answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
         await self._publish(
-            uuid, channel, self.store.stored_text(reply), entry_id, answered.session_id
+            uuid, channel, await self.store.stored_text(reply), entry_id, answered.session_id
         )
         self.stats["answered"] += 1
         metrics.MESSAGES.labels("failure_notice" if reply == FAILURE_NOTICE else "answered").inc()
+
+    async def _record_reply(
+        self, uuid: str, channel: str, reply: str, reply_key: str
+    ) -> tuple[Receipt, str]:
+        """Store the model's reply, cleaned; or the failure notice if none of it can be."""
+        cleaned = clean_reply(reply, self.settings.conversation.limits.max_input_bytes)
+        if cleaned is None:
+            self.stats["unusable_replies"] += 1
+            metrics.LLM_ERRORS.labels("unusable").inc()
+            cleaned = FAILURE_NOTICE
+        with metrics.RECORD_SECONDS.time():
+            try:
+                answered = await self.store.record(
+                    uuid, channel, AgentReply(text=cleaned), reply_key
+                )
+            except InvalidInput:  # the store refused even the cleaned reply
+                self.stats["unusable_replies"] += 1
+                metrics.LLM_ERRORS.labels("unusable").inc()
+                cleaned = FAILURE_NOTICE
+                answered = await self.store.record(
+                    uuid, channel, AgentReply(text=cleaned), reply_key
+                )
+        metrics.RECORDS.labels("agent_reply").inc()
+        return answered, cleaned
 
     async def _ask(self, uuid: str, channel: str) -> str:
         with metrics.CONTEXT_SECONDS.time():

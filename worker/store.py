@@ -9,15 +9,17 @@ this class only drives it with a blocking redis-py client.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import hiredis
 import redis
 import redis.asyncio as redis_async
 import tenacity
+from pydantic import BaseModel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -59,6 +61,14 @@ _EXEC = hiredis.pack_command(("EXEC",))
 
 # Connection faults of idempotent calls are retried with backoff; nothing else is.
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+# AsyncConversationStore prepares (redacts) a record with more text than this in a
+# worker thread: redaction is linear, but a megabyte of match-dense text still
+# takes a noticeable time, and on the event loop it would stall every other
+# conversation of the process (measured on a 2-core VM: 1 MiB of "token: " held
+# the loop 666 ms; in a thread the loop's longest gap was 32 ms). Below this size
+# the stall is small (4 KiB of that text: 1.7 ms) and a thread hand-off not worth it.
+OFFLOAD_TEXT_CHARS = 4096
 
 
 def retry_policy() -> dict[str, Any]:
@@ -458,7 +468,10 @@ class AsyncConversationStore:
         record: Record | dict[str, Any],
         idempotency_key: str | None = None,
     ) -> Receipt:
-        return await self._drive(self._ops.record(avatar_uuid, channel, record, idempotency_key))
+        return await self._drive(
+            self._ops.record(avatar_uuid, channel, record, idempotency_key),
+            offload=_text_chars(record) > OFFLOAD_TEXT_CHARS,
+        )
 
     async def record_checked(
         self,
@@ -469,7 +482,8 @@ class AsyncConversationStore:
     ) -> tuple[Receipt, bool]:
         """record(), and whether the idempotency key had been seen before (nothing stored)."""
         return await self._drive(
-            self._ops.record_checked(avatar_uuid, channel, record, idempotency_key)
+            self._ops.record_checked(avatar_uuid, channel, record, idempotency_key),
+            offload=_text_chars(record) > OFFLOAD_TEXT_CHARS,
         )
 
     async def context(self, avatar_uuid: str, channel: str) -> list[ContextMessage]:
@@ -516,9 +530,14 @@ class AsyncConversationStore:
     def scripts(self) -> Scripts:
         return self._ops.scripts
 
-    def stored_text(self, text: str) -> str:
+    async def stored_text(self, text: str) -> str:
         """What record() would keep of an agent reply: cleaned, redacted, bounded."""
-        return self._ops.prepare.text(text, "text", self.config.limits.max_text_bytes)[0]
+        limit = self.config.limits.max_text_bytes
+        if len(text) > OFFLOAD_TEXT_CHARS:  # off the event loop, as record() does
+            prepared = await asyncio.to_thread(self._ops.prepare.text, text, "text", limit)
+        else:
+            prepared = self._ops.prepare.text(text, "text", limit)
+        return prepared[0]
 
     async def run(self, call: ScriptCall[T]) -> T:
         """Run one script call (the service's stream scripts go through here too)."""
@@ -528,13 +547,22 @@ class AsyncConversationStore:
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    async def _drive(self, op: Op[T]) -> T:
+    async def _drive(self, op: Op[T], *, offload: bool = False) -> T:
+        """Run an operation. With `offload`, its first step (validation and preparation:
+        everything before the first command) runs in a worker thread."""
         try:
-            call = next(op)  # validation runs here, before any command
+            if offload:
+                first = await asyncio.to_thread(_first_step, op)
+                if isinstance(first, _Done):
+                    result: T = first.value
+                    return result
+                call = first
+            else:
+                call = next(op)  # validation runs here, before any command
             while True:
                 call = op.send(await self._run(call))
         except StopIteration as done:
-            result: T = done.value
+            result = done.value
             return result
 
     async def _run(self, call: ScriptCall[Any] | ReadCall[Any]) -> Any:
@@ -586,3 +614,25 @@ class AsyncConversationStore:
                 if not is_library_present(load_error):
                     raise
             return await self._command(*command)
+
+
+class _Done(NamedTuple):
+    """An operation that returned before its first command."""
+
+    value: Any
+
+
+def _first_step(op: Op[Any]) -> ScriptCall[Any] | ReadCall[Any] | _Done:
+    """next(op) for asyncio.to_thread: StopIteration cannot cross into a future."""
+    try:
+        return next(op)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
+def _text_chars(record: object) -> int:
+    """Characters of free text in a record (or its dict form): the redaction work it needs."""
+    fields: Any = record.__dict__ if isinstance(record, BaseModel) else record
+    if not isinstance(fields, dict):
+        return 0
+    return sum(len(value) for value in fields.values() if isinstance(value, str))

@@ -1,0 +1,510 @@
+"""One Worker in this process, on every backend: poison, bad bytes, unusable replies, huge input.
+
+tests/test_service.py runs `gridmem serve` in real processes; here a Worker runs
+on this test's event loop, against fakeredis and the real servers, so a fault
+can be injected at any step of answering an entry and the outcome read back
+from the streams. Each test waits on the streams with a deadline, never on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+import pytest
+
+from tests.helpers import avatar
+from worker.clock import ManualClock
+from worker.config import Settings
+from worker.embedded import EmbeddedValkey
+from worker.llm import FAILURE_NOTICE, Message
+from worker.store import AsyncConversationStore, connect_async
+
+INBOUND, OUTBOUND, DEAD = "gm:inbound", "gm:outbound", "gm:dead"
+ATTEMPTS = "{gm:inbound}:attempts"
+DEADLINE = 20.0  # seconds: generous for a loaded 2-core CI box; a pass takes well under 1
+
+
+@pytest.fixture
+def new_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Callable[[], Any]]:
+    """Makes asyncio clients of one clean server of the parametrized backend."""
+    if backend == "fake":
+        server = fakeredis.FakeServer()
+        yield lambda: fakeredis.FakeAsyncRedis(server=server)
+        return
+    servers: dict[str, EmbeddedValkey] = request.getfixturevalue("real_servers")
+    real = servers[backend]
+    with real.client() as sync:
+        sync.flushall()
+        sync.function_flush()
+    yield lambda: connect_async(real.url)
+
+
+class ScriptedChat:
+    """A ChatClient that answers "ok: <n>" (n = how many calls so far), or what `replies`
+    says for a message holding a given word; every call's last user message is kept."""
+
+    name = "scripted"
+
+    def __init__(self, replies: dict[str, str] | None = None) -> None:
+        self.replies = replies or {}
+        self.asked: list[str] = []
+        self.fault: Callable[[str], None] = lambda last: None
+
+    async def complete(self, messages: list[Message]) -> str:
+        last = [m["content"] for m in messages if m["role"] == "user"][-1]
+        self.asked.append(last)
+        self.fault(last)
+        for word, reply in self.replies.items():
+            if word in last:
+                return reply
+        return f"ok: {len(self.asked)}"
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class Run:
+    """A running Worker and what it wrote."""
+
+    client: Any
+    store: AsyncConversationStore
+    worker: Any
+    chat: ScriptedChat
+    settings: Settings
+    replies: dict[str, dict[str, str]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # in_reply_to, in outbound order
+    _cursor: str = "0-0"
+
+    async def send(
+        self, who: int, text: str | bytes, channel: str = "im", extra: dict[Any, Any] | None = None
+    ) -> str:
+        fields = {"avatar_uuid": avatar(who), "channel": channel, "text": text, **(extra or {})}
+        entry: bytes = await self.client.xadd(INBOUND, fields)
+        return entry.decode()
+
+    async def dead(self) -> dict[str, dict[str, str]]:
+        rows = await self.client.xrange(DEAD)
+        decoded = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in rows]
+        return {fields["id"]: fields for fields in decoded}
+
+    async def read_outbound(self) -> None:
+        for entry_id, fields in await self.client.xrange(OUTBOUND, f"({self._cursor}"):
+            self._cursor = entry_id.decode()
+            reply = {k.decode(): v.decode() for k, v in fields.items()}
+            self.replies.setdefault(reply["in_reply_to"], reply)
+            self.order.append(reply["in_reply_to"])
+
+    async def until(self, check: Callable[[], Awaitable[bool]], what: str) -> None:
+        """Poll the streams until `check` holds, failing at the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE
+        while True:
+            await self.read_outbound()
+            if await check():
+                return
+            assert loop.time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.01)  # lets the worker run; the check decides, not the time
+
+    async def answered(self, *ids: str) -> None:
+        async def done() -> bool:
+            return set(ids) <= set(self.replies)
+
+        await self.until(done, f"answers to {ids}")
+
+    async def dead_lettered(self, *ids: str) -> None:
+        async def done() -> bool:
+            return set(ids) <= set(await self.dead())
+
+        await self.until(done, f"dead letters for {ids}")
+
+
+@asynccontextmanager
+async def running(
+    new_client: Callable[[], Any], chat: ScriptedChat | None = None, **worker: Any
+) -> AsyncIterator[Run]:
+    from worker.service import Worker
+
+    settings = Settings(
+        worker={"concurrency": 4, **worker},
+        conversation={"limits": {"max_input_bytes": 1 << 20, "max_text_bytes": 2000}},
+    )
+    client = new_client()
+    store = AsyncConversationStore(new_client(), settings.conversation, clock=ManualClock())
+    chat = chat or ScriptedChat()
+    run = Run(client, store, Worker(store, chat, settings, name="w-test"), chat, settings)
+    task = asyncio.create_task(run.worker.run())
+    try:
+        yield run
+    finally:
+        run.worker.stop()
+        await asyncio.wait_for(task, DEADLINE)
+        await store.aclose()
+        await client.aclose()
+
+
+def go(scenario: Awaitable[None]) -> None:
+    asyncio.run(asyncio.wait_for(scenario, 3 * DEADLINE))
+
+
+# -- item 2: one bad byte must never wedge a conversation ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"text": b"caf\xe9 ok"},  # Latin-1, not UTF-8
+        {"text": "hi", "avatar_name": b"\xff\xfeAnn"},  # a field the worker never uses
+        {"text": b"half \xe2\x82"},  # a cut multi-byte character
+        {"text": b"surrogate \xed\xa0\x80"},  # UTF-8 of a lone surrogate: not UTF-8
+        {"text": "hi", b"\xffname": "x"},  # the field's name itself
+    ],
+)
+def test_undecodable_fields_are_dead_lettered_and_the_key_goes_on(
+    new_client: Callable[[], Any], fields: dict[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 12): an invalid UTF-8 byte in any field raised while the entry
+    was read, before the rejection path; the key was retried every lease, forever, and
+    every later message of that avatar waited behind it."""
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            # Given a resident's entry with undecodable bytes, then an ordinary one
+            extra = {k: v for k, v in fields.items() if k != "text"}
+            bad = await run.send(1, fields["text"], extra=extra)
+            good = await run.send(1, "are you there?")
+            # Then the bad one is dead-lettered bad_encoding and the next is answered
+            await run.dead_lettered(bad)
+            await run.answered(good)
+            assert await run.dead() == {bad: {"id": bad, "reason": "bad_encoding"}}
+            assert run.chat.asked and all("are you there?" in m for m in run.chat.asked)
+            assert await run.client.xlen(INBOUND) == 0
+            assert await run.client.hlen(ATTEMPTS) == 0
+
+    caplog.set_level(logging.DEBUG, logger="gridmem")
+    go(scenario())
+    assert "Ann" not in caplog.text and "caf" not in caplog.text  # codes and IDs only
+
+
+STEPS = ["decode", "record", "context", "llm", "record_reply", "publish"]
+
+
+class Faults:
+    """Makes one step of answering raise for the entry `poisoned` (its text holds POISON).
+
+    Each injected failure is appended to `seen`. The exception's message quotes the
+    text, as some libraries' messages do: it must not reach the logs.
+    """
+
+    def __init__(self, run: Run, poisoned: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.run, self.poisoned, self.patch = run, poisoned, monkeypatch
+        self.store: Any = run.store
+        self.seen: list[str] = []
+
+    def inject(self, step: str) -> None:
+        getattr(self, step)()
+
+    def fail(self, step: str) -> None:
+        self.seen.append(step)
+        raise RuntimeError(f"injected at {step}: said POISON words")
+
+    def decode(self) -> None:
+        import worker.service
+
+        decode = worker.service.decode_inbound
+
+        def decoding(raw: Any, limit: int) -> Any:
+            if any(b"POISON" in value for _, value in raw):
+                self.fail("decode")
+            return decode(raw, limit)
+
+        self.patch.setattr(worker.service, "decode_inbound", decoding)
+
+    def record(self) -> None:
+        record_checked = self.store.record_checked
+
+        async def recording(*args: Any, idempotency_key: str | None = None) -> Any:
+            if idempotency_key == self.poisoned:
+                self.fail("record")
+            return await record_checked(*args, idempotency_key=idempotency_key)
+
+        self.patch.setattr(self.store, "record_checked", recording)
+
+    def context(self) -> None:
+        context = self.store.context
+
+        async def reading(*args: Any) -> Any:
+            messages = await context(*args)
+            if "POISON" in [m.content for m in messages if m.role == "user"][-1]:
+                self.fail("context")
+            return messages
+
+        self.patch.setattr(self.store, "context", reading)
+
+    def llm(self) -> None:
+        def asking(last: str) -> None:
+            if "POISON" in last:
+                self.fail("llm")
+
+        self.run.chat.fault = asking
+
+    def record_reply(self) -> None:
+        record = self.store.record
+
+        async def recording(*args: Any) -> Any:
+            if args[-1] == f"{self.poisoned}:reply":
+                self.fail("record_reply")
+            return await record(*args)
+
+        self.patch.setattr(self.store, "record", recording)
+
+    def publish(self) -> None:
+        run_call = self.store.run
+
+        async def running_call(call: Any) -> Any:
+            if call.script.name == "publish_reply" and self.poisoned in call.args:
+                self.fail("publish")
+            return await run_call(call)
+
+        self.patch.setattr(self.store, "run", running_call)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_an_entry_failing_at_any_step_is_dead_lettered_poison_and_the_key_recovers(
+    new_client: Callable[[], Any],
+    step: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression (issue 12): an unexpected error while answering an entry left its key
+    leased until the lease ran out, then the next worker failed the same way, forever.
+    Now each failed attempt is counted in Redis and retried at once; after max_attempts
+    the entry is dead-lettered `poison` and the key's next entry is answered."""
+    attempts = 3
+
+    async def scenario() -> None:
+        # lease_seconds far above the deadline: recovery must not wait for a lease
+        async with running(new_client, max_attempts=attempts, lease_seconds=600) as run:
+            # Given a poisoned entry of one key, the key's next entry, and another key's
+            poisoned = await run.send(1, "these are POISON words")
+            faults = Faults(run, poisoned, monkeypatch)
+            faults.inject(step)
+            after = await run.send(1, "and then this")
+            other = await run.send(2, "meanwhile, elsewhere", channel="public")
+            # When the worker has been at it
+            await run.answered(after, other)
+            await run.dead_lettered(poisoned)
+            # Then the poisoned entry was tried exactly max_attempts times, then dead-lettered
+            assert faults.seen == [step] * attempts
+            assert await run.dead() == {poisoned: {"id": poisoned, "reason": "poison"}}
+            assert poisoned not in run.replies
+            # And the key went on in order; counters and entries are gone
+            assert run.order.index(after) >= 0 and run.replies[after]["avatar_uuid"] == avatar(1)
+            assert await run.client.xlen(INBOUND) == 0
+            assert await run.client.hlen(ATTEMPTS) == 0
+            assert run.worker.stats["failed_attempts"] == attempts
+
+    caplog.set_level(logging.DEBUG, logger="gridmem")
+    go(scenario())
+    assert "POISON" not in caplog.text  # no text in logs, even from an exception's message
+    assert f"attempt {attempts} of {attempts} failed" in caplog.text
+
+
+def test_attempts_of_workers_that_died_count_across_restarts(
+    new_client: Callable[[], Any],
+) -> None:
+    """An entry that killed (or stalled) the workers that held it: the attempts they
+    started are in Redis, so the next worker dead-letters it without trying again."""
+    from worker.keys import KeySpace
+    from worker.scripts import Scripts
+
+    async def scenario() -> None:
+        client = new_client()
+        store = AsyncConversationStore(client, Settings().conversation, clock=ManualClock())
+        keys, scripts = KeySpace().service(), Scripts()
+        # Given three workers that each claimed the key's head and died (leases gone)
+        await store.run(scripts.ensure_group(keys, group="workers"))
+        fields = {"avatar_uuid": avatar(1), "channel": "im", "text": "deadly"}
+        poisoned = (await client.xadd(INBOUND, fields)).decode()
+        await store.run(scripts.take_inbound(keys, group="workers", consumer="gone", count=10))
+        member = f"{avatar(1)}:im"
+        for n in range(3):
+            step = await store.run(
+                scripts.claim_key(
+                    keys, member=member, owner=f"dead{n}", lease_ms=60_000, token=f"t{n}"
+                )
+            )
+            assert step.attempts == n + 1
+            await client.delete(f"{{gm:inbound}}:owner:{member}")
+        await client.aclose()
+        # When a new worker starts (it adopts the orphaned key) with a message waiting after it
+        async with running(new_client, max_attempts=3) as run:
+            after = await run.send(1, "still there?")
+            await run.answered(after)
+            await run.dead_lettered(poisoned)
+            # Then the deadly entry was never tried again: the model saw only the next one
+            assert await run.dead() == {poisoned: {"id": poisoned, "reason": "poison"}}
+            assert len(run.chat.asked) == 1 and "still there?" in run.chat.asked[0]
+            assert await run.client.hlen(ATTEMPTS) == 0
+
+    go(scenario())
+
+
+def test_connection_faults_are_not_counted_as_attempts(
+    new_client: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis unreachable in the middle of an entry, max_attempts times and more: the
+    worker resumes the same attempt once Redis answers, and the entry is answered."""
+    import redis as redis_py
+
+    async def scenario() -> None:
+        async with running(new_client, max_attempts=1) as run:
+            store: Any = run.store
+            context = store.context
+            faults: list[int] = []
+
+            async def unreachable_at_first(*args: Any) -> Any:
+                if len(faults) < 3:
+                    faults.append(1)
+                    raise redis_py.ConnectionError("injected")
+                return await context(*args)
+
+            monkeypatch.setattr(store, "context", unreachable_at_first)
+            entry = await run.send(1, "hello")
+            await run.answered(entry)
+            assert len(faults) == 3 and await run.dead() == {}
+            assert len(run.chat.asked) == 1
+
+    go(scenario())
+
+
+# -- item 2: a reply that cannot be stored as given ----------------------------------------
+
+UNUSABLE = {
+    "SURROGATE": ("half \ud83d of an emoji", "half \ufffd of an emoji"),
+    "CONTROL": ("\x01\x02\x03\x7f", FAILURE_NOTICE),
+    "INVISIBLE": (" \u200b\u2060\ufeff\n\t", FAILURE_NOTICE),
+    "LONESOME": ("\udc00\udc01", FAILURE_NOTICE),
+    "HUGE": ("y" * ((1 << 20) + 10), None),  # over the input ceiling: cut, then bounded
+}
+
+
+def test_llm_replies_that_cannot_be_stored_as_given_are_cleaned_or_replaced(
+    new_client: Callable[[], Any],
+) -> None:
+    """Regression (issue 12): a reply with a lone surrogate was refused by the store, so
+    the entry failed and the model was asked again every lease, forever; the resident
+    never got the failure notice."""
+    chat = ScriptedChat({word: reply for word, (reply, _) in UNUSABLE.items()})
+
+    async def scenario() -> None:
+        async with running(new_client, chat) as run:
+            ids = {word: await run.send(n, f"please say {word}") for n, word in enumerate(UNUSABLE)}
+            await run.answered(*ids.values())
+            for word, (_, expected) in UNUSABLE.items():
+                published = run.replies[ids[word]]["text"]
+                if expected is not None:
+                    assert published == expected, word
+            huge = run.replies[ids["HUGE"]]["text"]
+            assert huge.startswith("y" * 1000) and huge.endswith("[truncated]")
+            assert len(huge.encode()) <= run.settings.conversation.limits.max_text_bytes
+            assert len(chat.asked) == len(UNUSABLE)  # each asked once, never again
+            assert await run.dead() == {}
+
+    go(scenario())
+
+
+def test_a_reply_the_store_refuses_is_answered_with_the_failure_notice(
+    new_client: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever else the store refuses in a model's reply (its rules may grow), the
+    resident gets the failure notice and the model is not asked again."""
+    from worker.errors import InvalidRecord
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            store: Any = run.store
+            record = store.record
+
+            async def refusing(uuid: str, channel: str, item: Any, key: Any = None) -> Any:
+                if getattr(item, "kind", "") == "agent_reply" and item.text != FAILURE_NOTICE:
+                    raise InvalidRecord("text", "refused by a rule of the store")
+                return await record(uuid, channel, item, key)
+
+            monkeypatch.setattr(store, "record", refusing)
+            entry = await run.send(1, "hello")
+            await run.answered(entry)
+            assert run.replies[entry]["text"] == FAILURE_NOTICE
+            assert len(run.chat.asked) == 1 and await run.dead() == {}
+
+    go(scenario())
+
+
+# -- item 3: one huge message must not stall the other conversations ----------------------
+
+
+class BlockingRedactor:
+    """Wraps the store's redactor: redacting a huge text blocks (in whatever thread runs
+    it) until the test releases it. On the event loop that would stall every key, so
+    the test could never see the others answered, and the wait would time out."""
+
+    def __init__(self, inner: Any, huge: int) -> None:
+        self.inner, self.huge = inner, huge
+        self.started, self.release = threading.Event(), threading.Event()
+        self.released_in_time: bool | None = None
+        self.on_loop: bool | None = None
+
+    def redact(self, text: str) -> Any:
+        if len(text) >= self.huge and not self.started.is_set():
+            self.on_loop = _on_event_loop()
+            self.started.set()
+            self.released_in_time = self.release.wait(DEADLINE)
+        return self.inner.redact(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_a_huge_hostile_message_does_not_stall_other_conversations(
+    new_client: Callable[[], Any],
+) -> None:
+    """Regression (issue 12, item 3): redacting a 1 MiB match-dense message took ~0.4 s
+    on the event loop, and every other conversation of the process waited for it."""
+    hostile = "token: " * 149_000  # just under the 1 MiB input ceiling
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            prepare: Any = run.store._ops.prepare
+            blocking = BlockingRedactor(prepare.redactor, len(hostile))
+            prepare.redactor = blocking
+            # Given a huge hostile message, then small ones of other residents
+            huge = await run.send(1, hostile)
+            loop = asyncio.get_running_loop()
+            started = await loop.run_in_executor(None, blocking.started.wait, DEADLINE)
+            assert started, "the huge message was never redacted"
+            others = [await run.send(n, f"hello from {n}") for n in range(2, 6)]
+            # When its redaction is still in progress, the others are answered
+            await run.answered(*others)
+            assert huge not in run.replies
+            blocking.release.set()
+            # Then it is answered too, after them
+            await run.answered(huge)
+            assert run.order.index(huge) > max(run.order.index(o) for o in others)
+            assert blocking.released_in_time and blocking.on_loop is False
+
+    go(scenario())
