@@ -22,6 +22,10 @@ fsynced, renamed over the final name with `os.replace`, then the directory is
 fsynced; a crash at any point leaves the old generations intact and at most a
 temp file, which the next start removes. One file lock serialises flushers and
 restorers across processes.
+
+Whatever the write path stored, restore accepts: its secret check asks what
+redaction would still change, not whether a rule matches (the write path's own
+markers do), and a summary is checked line by line, the unit Lua folds.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.codec import decode_entries, entry_to_record
-from worker.config import Limits
+from worker.config import SUMMARY_LINE_BYTES, Limits
 from worker.errors import GridmemError
+from worker.prepare import AGENT_HEAD, AVATAR_HEAD, UNREADABLE_LINE, action_head, tool_head
 from worker.records import (
     CHANNEL_TTL_MS,
     ActionResult,
@@ -73,12 +78,25 @@ LOCK_FILE = ".lock"
 QUARANTINE = "quarantine"
 QUARANTINE_KEEP = 10  # files kept in quarantine/, oldest dropped first
 _GENERATION_NAME = re.compile(r"(\d{20})\.snap")
+_NAME = r"[A-Za-z0-9_.:\-]{1,64}"
+# A folded summary line: one of the heads lua/lib.lua summary_line() writes
+# (worker/prepare.py holds the same heads), then any text; or the unreadable line.
 _SUMMARY_LINE = re.compile(
-    r"- (?:avatar \(untrusted\)|agent|tool [A-Za-z0-9_.:\-]{1,64} \(untrusted\)"
-    r"|action [A-Za-z0-9_.:\-]{1,64} (?:ok|failed|denied))(?:: .*)?"
-    r"|- \(unreadable record, untrusted\)"
+    "(?:"
+    + "|".join(
+        [
+            re.escape(AVATAR_HEAD),
+            re.escape(AGENT_HEAD),
+            re.escape(tool_head("NAME")).replace("NAME", _NAME),
+            re.escape(action_head("NAME", "STATUS"))
+            .replace("NAME", _NAME)
+            .replace("STATUS", "(?:ok|failed|denied)"),
+        ]
+    )
+    + ").*|"
+    + re.escape(UNREADABLE_LINE)
 )
-SUMMARY_LINE_MAX = 240
+SUMMARY_LINE_MAX = SUMMARY_LINE_BYTES
 
 # Steps of flush() a crash test can stop at (the hook is called with the step's name).
 STEPS = ("written", "synced", "replaced", "pruning")
@@ -142,6 +160,12 @@ class SnapshotSession(BaseModel):
         return f"{self.avatar_uuid}:{self.channel}"
 
 
+def unredacted(value: str, redactor: Redactor) -> bool:
+    """Would redaction still change this text? Its own markers match some rules
+    (`?token=[REDACTED:...]`), so a match alone proves nothing; a change does."""
+    return redactor.redact(value)[0] != value
+
+
 def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) -> None:
     """Everything the models cannot say: order, time, bounds, format, secrets."""
     archived = [r for segment in session.archive for r in segment]
@@ -155,10 +179,13 @@ def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) 
     summary = session.summary
     if len(summary.encode("utf-8")) > limits.max_summary_bytes:
         raise SnapshotInvalid("over_bounds", "summary over max_summary_bytes")
-    for line in summary.split("\n") if summary else ():
+    lines = summary.split("\n") if summary else []
+    for line in lines:
         if len(line.encode("utf-8")) > SUMMARY_LINE_MAX or not _SUMMARY_LINE.fullmatch(line):
             raise SnapshotInvalid("bad_summary", "a summary line is not in the folded format")
-    if summary and redactor.redact(summary)[1]:
+    # Line by line: each is one folded record, checked as such when it was written
+    # (worker/prepare.py); two lines side by side are no text anyone wrote.
+    if any(unredacted(line, redactor) for line in lines):
         raise SnapshotInvalid("unredacted_secret", "the summary holds a secret")
 
 
@@ -178,7 +205,7 @@ def _check_record(record: Any, limits: Limits, redactor: Redactor) -> None:
         if len(text.encode("utf-8")) > bound:
             raise SnapshotInvalid("over_bounds", "a record's text is over its limit")
     for value in [t for t, _ in texts] + names:
-        if redactor.redact(value)[1]:
+        if unredacted(value, redactor):
             raise SnapshotInvalid("unredacted_secret", "a record holds a secret")
 
 
@@ -505,7 +532,10 @@ def snapshot_line(session: ExportedSession) -> bytes:
         "channel": channel,
         "session_id": session.session_id,
         "created_at_ms": session.created_ms,
-        "last_active_at_ms": session.active_ms,
+        # Wall clocks step back and hosts disagree: a turn written by a host behind
+        # the one that opened the session is stamped before the session's creation.
+        # Its activity is at least its creation (restore refuses the reverse).
+        "last_active_at_ms": max(session.active_ms, session.created_ms),
         "summary": session.summary,
         "records": [
             {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)} for e in entries
