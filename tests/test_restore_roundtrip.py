@@ -111,7 +111,7 @@ def roundtrip(client: Any, snapdir: Path, config: ConversationConfig, ops: list[
     fresh = ConversationStore(client, config, clock=clock, snapshot_dir=snapdir)
     report = fresh.restore()
     assert report.error is None
-    assert report.quarantined == [] and report.unreadable == []
+    assert report.quarantined == [] and report.skipped == [] and report.unreadable == []
     assert report.generation == info.generation
     assert report.sessions_restored == len(before[2]) == info.sessions
     assert everything(fresh) == before

@@ -400,14 +400,14 @@ def test_unreadable_generation_falls_back(
     store.flush()
     store.record(B, "im", AvatarMessage(text="two"))
     newest = store.flush().path  # type: ignore[union-attr]
-    real_open = Path.open
+    real_open = os.open
 
-    def guarded(self: Path, *args: Any, **kwargs: Any) -> Any:
-        if self == newest:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real_open(self, *args, **kwargs)
+    def guarded(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path) == newest:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", guarded)
+    monkeypatch.setattr(snaps.os, "open", guarded)
     store.redis.flushall()
     report = store.restore()
     assert report.unreadable == [2] and report.generation == 1 and report.error is None
@@ -466,6 +466,183 @@ def test_restore_never_raises(tmp_path: Path) -> None:
     )
     report = store.restore()
     assert report.error is not None and "ConnectionError" in report.error
+
+
+# -- the directory: links and stray entries (issue 12 item 6) ---------------------------------------
+
+GEN9 = f"{9:020d}.snap"
+HUGE = "99999999999999999999.snap"  # above 2**64 - 1: no header can hold it
+
+
+def _outside(tmp_path: Path) -> tuple[Path, Path]:
+    """A file and a directory outside the snapshot directory, with modes a chmod would change."""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    os.chmod(outside, 0o755)
+    target = outside / "precious.txt"
+    target.write_text("not yours")
+    os.chmod(target, 0o644)
+    return target, outside
+
+
+def _untouched(target: Path, outside: Path) -> None:
+    assert target.stat().st_mode & 0o777 == 0o644 and target.read_text() == "not yours"
+    assert outside.stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
+
+
+STRAYS: dict[str, tuple[Callable[[Path, Path, Path], None], list[tuple[str, str]]]] = {
+    # name: (make it in snapdir given (snapdir, target, outside), what restore reports skipped)
+    "link of any name": (lambda d, t, o: (d / "notes").symlink_to(t), []),
+    "link to a directory": (lambda d, t, o: (d / "elsewhere").symlink_to(o), []),
+    "link named like a generation": (
+        lambda d, t, o: (d / GEN9).symlink_to(t), [(GEN9, "not_a_regular_file")]
+    ),
+    "directory named like a generation": (
+        lambda d, t, o: (d / GEN9).mkdir(), [(GEN9, "not_a_regular_file")]
+    ),
+    "directory with a huge generation number": (
+        lambda d, t, o: (d / HUGE).mkdir(), [(HUGE, "generation_out_of_range")]
+    ),
+    "file with a huge generation number": (
+        lambda d, t, o: (d / HUGE).write_bytes(b"junk"), [(HUGE, "generation_out_of_range")]
+    ),
+    "fifo named like a generation": (
+        lambda d, t, o: os.mkfifo(d / GEN9), [(GEN9, "not_a_regular_file")]
+    ),
+    "fifo of any name": (lambda d, t, o: os.mkfifo(d / "pipe"), []),
+    "directory named like a temp file": (lambda d, t, o: (d / ".tmp-stray").mkdir(), []),
+    "link named like a temp file": (lambda d, t, o: (d / ".tmp-link").symlink_to(t), []),
+    "link named like the lock": (lambda d, t, o: (d / ".lock").unlink() or (d / ".lock").symlink_to(t), []),
+}  # fmt: skip
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links, fifos and modes")
+@pytest.mark.parametrize("stray", sorted(STRAYS))
+def test_stray_entries_never_stop_flush_or_restore(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, stray: str
+) -> None:
+    """No chmod or open follows a link; nothing named like a generation but not one is read.
+
+    Before: a link's target was chmod-ed to 0600, a directory named like a
+    generation made every flush fail with struct.error, a fifo blocked restore.
+    """
+    # Given generation 1, a stray entry, and generation 2
+    target, outside = _outside(tmp_path)
+    make_stray, skipped = STRAYS[stray]
+    store = make()
+    store.record(A, "im", AvatarMessage(text="one"))
+    store.flush()
+    make_stray(snapdir, target, outside)
+    store.record(B, "im", AvatarMessage(text="two"))
+    # When flushing (twice) and restoring into an empty server
+    second = store.flush()
+    third = store.flush()
+    assert second is not None and third is not None
+    assert (second.generation, third.generation) == (2, 3)
+    store.redis.flushall()
+    report = store.restore()
+    # Then the newest valid generation is loaded, the stray entry is reported, not read
+    assert report.error is None and report.quarantined == [] and report.unreadable == []
+    assert report.generation == third.generation
+    assert [(s.name, s.reason) for s in report.skipped] == skipped
+    assert [m.content for m in store.context(B, "im")] == ["two"]
+    _untouched(target, outside)
+    assert snapdir.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links")
+def test_flush_never_takes_a_name_a_stray_entry_holds(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path
+) -> None:
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="x"))
+    store.flush()
+    (snapdir / f"{2:020d}.snap").mkdir()
+    (snapdir / f"{3:020d}.snap").symlink_to(target)
+    assert store.flush().generation == 4  # type: ignore[union-attr]
+    assert (snapdir / f"{2:020d}.snap").is_dir() and (snapdir / f"{3:020d}.snap").is_symlink()
+    _untouched(target, outside)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links")
+@pytest.mark.parametrize("kind", ["file", "link to a directory", "fifo"])
+def test_a_quarantine_that_is_no_directory_never_stops_older_generations(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, kind: str
+) -> None:
+    """Before: a file named quarantine made restore fail after the newest generation failed."""
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="older, valid"))
+    store.flush()
+    store.record(B, "im", AvatarMessage(text="newer"))
+    newest = store.flush().path  # type: ignore[union-attr]
+    newest.write_bytes(newest.read_bytes()[:-1] + b"?")  # payload damage
+    quarantine = snapdir / "quarantine"
+    if kind == "file":
+        quarantine.write_text("stray")
+    elif kind == "fifo":
+        os.mkfifo(quarantine)
+    else:
+        quarantine.symlink_to(outside)
+    store.redis.flushall()
+    report = store.restore()
+    assert report.error is None and report.generation == 1
+    assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "checksum_mismatch")]
+    assert [(s.name, s.reason) for s in report.skipped] == [(newest.name, "quarantine_unusable")]
+    assert [m.content for m in store.context(A, "im")] == ["older, valid"]
+    assert newest.exists()  # left in place: nowhere safe to move it
+    _untouched(target, outside)
+    assert store.flush().generation == 3  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links")
+def test_a_linked_snapshot_directory_is_refused(
+    redis: Any, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Before: a snapshot directory that was a link turned its target into 0700."""
+    target, outside = _outside(tmp_path)
+    link = tmp_path / "conversations"
+    link.symlink_to(outside)
+    store = ConversationStore(redis, clock=clock, snapshot_dir=link)
+    store.record(A, "im", AvatarMessage(text="x"))
+    with pytest.raises(SnapshotError, match="is a symbolic link; refusing to follow it"):
+        store.flush()
+    report = store.restore()
+    assert report.error is not None and "is a symbolic link" in report.error
+    _untouched(target, outside)
+    # a link among its parents is the operator's layout: allowed
+    parent = tmp_path / "parent-link"
+    parent.symlink_to(outside)
+    ConversationStore(redis, clock=clock, snapshot_dir=parent / "snaps").flush()
+    assert (outside / "snaps").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links, fifos")
+@pytest.mark.parametrize("kind", ["link", "fifo", "directory"])
+def test_a_key_that_is_no_regular_file_is_an_error_not_a_hang(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, kind: str
+) -> None:
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="x"))
+    store.flush()
+    key = snapdir / "snapshot.key"
+    key.unlink()
+    if kind == "link":
+        key.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(key)
+    else:
+        key.mkdir()
+    store.redis.flushall()
+    report = store.restore()
+    assert report.error is not None and report.error.startswith("SnapshotError")
+    assert "snapshot.key cannot be read" in report.error and report.quarantined == []
+    with pytest.raises(SnapshotError, match=r"snapshot\.key"):
+        store.flush()
+    _untouched(target, outside)
 
 
 # -- clock -------------------------------------------------------------------------------------------
