@@ -194,6 +194,15 @@ def _restore_fresh(store: ConversationStore) -> Any:
     return store.restore()
 
 
+def _quarantine_causes(store: ConversationStore) -> list[tuple[Any, Any]]:
+    """(generation, cause) of every snapshot_quarantined event."""
+    return [
+        (e.detail["generation"], e.detail["cause"])
+        for e in store.events()
+        if e.reason is ReasonCode.SNAPSHOT_QUARANTINED
+    ]
+
+
 @pytest.mark.fake
 def test_truncation_at_every_offset_never_loads_partially(two_generations: Any) -> None:
     path, good, store = two_generations
@@ -201,22 +210,49 @@ def test_truncation_at_every_offset_never_loads_partially(two_generations: Any) 
         path.write_bytes(good[:cut])
         report = _restore_fresh(store)
         assert report.generation == 1, cut
-        assert [q.generation for q in report.quarantined] == [2]
+        assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "truncated")], cut
+        assert _quarantine_causes(store) == [(2, "truncated")], cut
         assert [m.content for m in store.context(A, "public")] == ["from generation one"]
         assert store.context(B, "public") == []
         (path.parent / "quarantine" / path.name).replace(path)  # put it back for the next cut
 
 
+# The header's layout, from the format (docs/architecture.md), not from the code:
+# magic 8 | version 2, flags 2, generation 8, created 8, boot id 64, length 8,
+# payload SHA-256 32 | SHA-256 of all that 32 | HMAC 32  = 196 bytes.
+MAGIC_END, FIELDS_END, CHECKSUM_END, SIGNATURE_END = 8, 132, 164, 196
+
+
+def _flip_cause(offset: int) -> str:
+    """Which check must catch a flipped bit at `offset`: the first that covers it."""
+    if offset < MAGIC_END:
+        return "bad_magic"
+    if offset < CHECKSUM_END:
+        return "checksum_mismatch"  # header fields, or the header checksum itself
+    if offset < SIGNATURE_END:
+        return "signature_mismatch"
+    return "checksum_mismatch"  # the payload's hash, in the header
+
+
 @pytest.mark.fake
 def test_bit_flips_in_header_and_payload(two_generations: Any) -> None:
+    """Each flip is caught by the check that covers its byte, and reported as that cause.
+
+    Disabling the header checksum (the signature would still refuse the file) or
+    calling payload damage invalid_session must turn this red.
+    """
     path, good, store = two_generations
+    assert HEADER_SIZE == SIGNATURE_END
     payload_offsets = list(range(HEADER_SIZE, len(good), max(1, (len(good) - HEADER_SIZE) // 64)))
-    for offset in [*range(HEADER_SIZE), *payload_offsets]:
+    for offset in [*range(HEADER_SIZE), *payload_offsets, len(good) - 1]:
         damaged = bytearray(good)
         damaged[offset] ^= 1 << (offset % 8)
         path.write_bytes(bytes(damaged))
         report = _restore_fresh(store)
         assert report.generation == 1, offset
+        expected = [(2, _flip_cause(offset))]
+        assert [(q.generation, q.cause) for q in report.quarantined] == expected, offset
+        assert _quarantine_causes(store) == expected, offset
         assert store.context(B, "public") == []
         (path.parent / "quarantine" / path.name).replace(path)
     path.write_bytes(good)
@@ -309,8 +345,12 @@ def test_relabelled_record_with_a_valid_checksum_fails_its_signature(
 def test_quarantine_is_bounded(make: Callable[..., ConversationStore], snapdir: Path) -> None:
     for _ in range(14):
         write_generation(snapdir, [b"{broken\n"])
-    report = make().restore()
+    store = make()
+    report = store.restore()
     assert len(report.quarantined) == 14 and report.generation is None
+    expected = [(g, "invalid_session") for g in range(14, 0, -1)]  # newest first
+    assert [(q.generation, q.cause) for q in report.quarantined] == expected
+    assert _quarantine_causes(store) == expected
     assert len(list((snapdir / "quarantine").iterdir())) == snaps.QUARANTINE_KEEP
 
 
