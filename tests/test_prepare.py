@@ -24,12 +24,13 @@ from worker.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
 from worker.prepare import (
     AVATAR_HEAD,
     TRUNCATION_MARKER,
+    WITHHELD,
     Preparer,
     check_size,
     fold_line,
     truncate,
 )
-from worker.redaction import DEFAULT_REDACTOR, redact
+from worker.redaction import DEFAULT_REDACTOR, Redactor, Rule, redact
 
 A = avatar(1)
 
@@ -143,3 +144,22 @@ def test_an_action_detail_may_be_empty_after_cleaning(store: ConversationStore) 
     store.record(A, "im", ActionResult(action="give", status="ok", detail="\x07"))
     [turn] = store.read_page(A, "im").turns
     assert turn.kind == "action_result"
+
+
+def _looping(pattern: str, *keywords: str) -> Redactor:
+    """A redactor whose marker matches its own rule, so its output is never a fixed point."""
+    return Redactor((Rule("loop", pattern, ("loop", *keywords), ("a loop",)),))
+
+
+def test_text_that_never_settles_is_withheld() -> None:
+    """The repair is bounded: a text redaction keeps changing is stored as WITHHELD."""
+    redactor = _looping("loop")
+    assert redactor.redact("a loop")[0] != redactor.redact(redactor.redact("a loop")[0])[0]
+    out, count, truncated = Preparer(Limits(), redactor).text("a loop", "text", 8192)
+    assert (out, truncated) == (WITHHELD, True) and count >= 1
+
+
+def test_text_with_no_safe_form_is_refused() -> None:
+    redactor = _looping("loop|withheld", "withheld")
+    with pytest.raises(InvalidRecord, match=r"^text: cannot be stored"):
+        Preparer(Limits(), redactor).text("a loop", "text", 8192)

@@ -140,18 +140,11 @@ class Preparer:
         bounded, truncated = truncate(redacted, max_bytes)
         # untouched text: redact(bounded) is redact(clean), already computed
         checked = redacted == clean and not truncated
-        return self.stable(
-            bounded, (count, truncated), field, bound=(max_bytes, head), checked=checked
-        )
+        stored, more, cut = self.settle(bounded, field, max_bytes, head, checked=checked)
+        return stored, count + more, truncated or cut
 
-    def stable(
-        self,
-        text: str,
-        so_far: tuple[int, bool],
-        field: str,
-        *,
-        bound: tuple[int, str],
-        checked: bool = False,
+    def settle(
+        self, text: str, field: str, max_bytes: int, head: str, *, checked: bool = False
     ) -> tuple[str, int, bool]:
         """Repair `text` until it and its summary line are fixed points of redaction.
 
@@ -161,11 +154,10 @@ class Preparer:
         " [...]"). Each round re-redacts what a cut exposed and cuts again; a fold
         that forms a match makes the stored text what the summary would show,
         redacted, which then folds to itself. Deterministic and bounded; a text
-        that does not settle is stored as WITHHELD (`checked`: the caller knows
-        `text` is a fixed point already; `so_far`: redactions made and whether it
-        was cut; `bound`: its byte bound and summary head).
+        that does not settle is stored as WITHHELD. `checked`: the caller knows
+        `text` itself is a fixed point. Returns (text, redactions made, cut).
         """
-        (count, truncated), (max_bytes, head) = so_far, bound
+        count, truncated = 0, False
         for _ in range(_STABLE_ROUNDS):
             if not checked:
                 again, more = self.redactor.redact(text)
