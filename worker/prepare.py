@@ -8,7 +8,7 @@ limit, on a UTF-8 boundary, with a visible marker. Names
 credential is refused, so no secret travels to Redis in any argument.
 
 What is stored is always a fixed point of redaction, and so is the summary line
-it will fold into (see `Preparer.stable`): restore re-runs redaction and refuses
+it will fold into (see `Preparer.settle`): restore re-runs redaction and refuses
 any text it would still change, so the write path must never store one
 (DESIGN section 6: whatever the write path stores, restore accepts).
 """
