@@ -865,3 +865,17 @@ def test_older_format_is_migrated(
     monkeypatch.delitem(snaps.MIGRATIONS, 0)
     store.redis.flushall()
     assert [(q.cause) for q in store.restore().quarantined] == ["unsupported_version"]
+
+
+def test_a_lock_that_is_a_directory_is_a_snapshot_error(
+    make: Callable[..., ConversationStore], snapdir: Path
+) -> None:
+    """No lock, no flush or restore: said as a SnapshotError, never another exception."""
+    snapdir.mkdir(parents=True)
+    (snapdir / ".lock").mkdir()
+    store = make()
+    store.record(A, "im", AvatarMessage(text="x"))
+    with pytest.raises(SnapshotError, match=r"cannot lock .*\.lock"):
+        store.flush()
+    report = store.restore()
+    assert report.error is not None and report.error.startswith("SnapshotError: cannot lock")
