@@ -313,8 +313,10 @@ def test_forged_generations_are_quarantined(
 
 def test_future_format_version(make: Callable[..., ConversationStore], snapdir: Path) -> None:
     _good_then(snapdir, _session_line(), version=99)
-    report = make().restore()
+    store = make()
+    report = store.restore()
     assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "unsupported_version")]
+    assert _quarantine_causes(store) == [(2, "unsupported_version")]
 
 
 def test_relabelled_record_with_a_valid_checksum_fails_its_signature(
@@ -339,6 +341,7 @@ def test_relabelled_record_with_a_valid_checksum_fails_its_signature(
     store.redis.flushall()
     report = store.restore()
     assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "signature_mismatch")]
+    assert _quarantine_causes(store) == [(2, "signature_mismatch")]
     assert [m.role for m in store.context(A, "im")] == ["user"]
 
 
@@ -630,6 +633,7 @@ def test_a_quarantine_that_is_no_directory_never_stops_older_generations(
     report = store.restore()
     assert report.error is None and report.generation == 1
     assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "checksum_mismatch")]
+    assert _quarantine_causes(store) == [(2, "checksum_mismatch")]
     assert [(s.name, s.reason) for s in report.skipped] == [(newest.name, "quarantine_unusable")]
     assert [m.content for m in store.context(A, "im")] == ["older, valid"]
     assert newest.exists()  # left in place: nowhere safe to move it
@@ -865,6 +869,7 @@ def test_older_format_is_migrated(
     monkeypatch.delitem(snaps.MIGRATIONS, 0)
     store.redis.flushall()
     assert [(q.cause) for q in store.restore().quarantined] == ["unsupported_version"]
+    assert _quarantine_causes(store) == [(1, "unsupported_version")]
 
 
 def test_a_lock_that_is_a_directory_is_a_snapshot_error(
