@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker import InputTooLarge
-from worker.prepare import TRUNCATION_MARKER, check_size, truncate
+from tests.helpers import avatar
+from tests.test_restore_roundtrip import CONTROL, fold_head, texts_near_bounds
+from worker import (
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    ConversationStore,
+    InputTooLarge,
+    InvalidRecord,
+    Limits,
+    ToolSummary,
+)
+from worker.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
+from worker.prepare import (
+    AVATAR_HEAD,
+    TRUNCATION_MARKER,
+    WITHHELD,
+    Preparer,
+    check_size,
+    fold_line,
+    truncate,
+)
+from worker.redaction import DEFAULT_REDACTOR, Redactor, Rule, redact
+
+A = avatar(1)
 
 
 @given(
@@ -35,3 +60,106 @@ def test_input_ceiling_counts_bytes() -> None:
     with pytest.raises(InputTooLarge, match="text"):
         check_size("é" * 6, "text", 11)
     check_size("é" * 5, "text", 10)
+
+
+# -- what the write path stores is what restore accepts (issue 12 item 1) -----------------
+
+PREPARE_LIMITS = [
+    Limits(),
+    Limits(max_text_bytes=MIN_TEXT_BYTES, max_tool_result_bytes=MIN_TEXT_BYTES),
+    Limits(max_text_bytes=40, max_summary_bytes=SUMMARY_LINE_BYTES),
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_stored_text_and_its_summary_line_are_fixed_points_of_redaction(
+    data: st.DataObject,
+) -> None:
+    """Restore refuses text that redaction would still change: never store one.
+
+    Each kind's free text, at and over its bound, with secrets of every family,
+    control characters and key-shaped runs at the cuts.
+    """
+    limits = data.draw(st.sampled_from(PREPARE_LIMITS))
+    kind = data.draw(st.sampled_from(["avatar", "agent", "tool", "action"]))
+    head = fold_head(kind, "web.fetch", "failed")
+    text = data.draw(texts_near_bounds(limits, kind, head))
+    bound = limits.max_tool_result_bytes if kind == "tool" else limits.max_text_bytes
+    try:
+        out, _, _ = Preparer(limits, DEFAULT_REDACTOR).text(
+            text, "text", bound, head, required=kind != "action"
+        )
+    except (InputTooLarge, InvalidRecord):
+        assert len(text.encode()) > limits.max_input_bytes or all(c in CONTROL for c in text)
+        return
+    line = fold_line(head, out, SUMMARY_LINE_BYTES)[0]
+    assert len(out.encode()) <= bound
+    assert redact(out)[0] == out
+    assert redact(line)[0] == line
+
+
+def test_a_cut_never_leaves_the_shape_of_a_key() -> None:
+    """A 24-character AKIA run is no AWS key; cut after 20 characters it is one."""
+    key_shape = "AKIA" + "QZ7Q" * 4  # what the cut would leave: 20 characters
+    text = "x " + key_shape + "QZ7Q" + " and more words"
+    assert redact(text) == (text, 0)  # not a key as sent
+    limits = Limits(max_text_bytes=2 + len(key_shape) + len(TRUNCATION_MARKER))
+    out, count, truncated = Preparer(limits, DEFAULT_REDACTOR).text(text, "text", 34)
+    assert truncated and count >= 1
+    assert key_shape not in out and len(out.encode()) <= 34
+    assert redact(out)[0] == out
+
+
+def test_a_summary_cut_never_leaves_the_shape_of_a_key() -> None:
+    """The summary line cuts a long text at its own bound: no key may end there either."""
+    key_shape = "AKIA" + "Q" * 16
+    room = SUMMARY_LINE_BYTES - len(AVATAR_HEAD) - len(" [...]")
+    text = "x" * (room - len(key_shape) - 1) + " " + key_shape + "QQQQ end"
+    assert redact(text) == (text, 0)
+    out, _, _ = Preparer(Limits(), DEFAULT_REDACTOR).text(text, "text", 8192, AVATAR_HEAD)
+    line = fold_line(AVATAR_HEAD, out, SUMMARY_LINE_BYTES)[0]
+    assert key_shape not in line and redact(line)[0] == line
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        (AvatarMessage(text="\x00\x1b\x7f"), "text"),
+        (AgentReply(text="\x85\x9f"), "text"),
+        (ToolSummary(tool="map", summary="\r\x0b\x0c"), "summary"),
+    ],
+)
+def test_text_of_only_control_characters_is_refused_before_redis(
+    store: ConversationStore, command_counter: Any, record: Any, field: str
+) -> None:
+    """Stored as "", restore's models refused it and quarantined the generation."""
+    with pytest.raises(InvalidRecord, match=rf"^{field}: .*control characters"):
+        store.record(A, "im", record)
+    assert command_counter.commands == []
+
+
+def test_an_action_detail_may_be_empty_after_cleaning(store: ConversationStore) -> None:
+    """detail defaults to "" in the model, so "" after cleaning is stored (restore accepts it)."""
+    store.record(A, "im", ActionResult(action="give", status="ok", detail="\x07"))
+    [turn] = store.read_page(A, "im").turns
+    assert turn.kind == "action_result"
+
+
+def _looping(pattern: str, *keywords: str) -> Redactor:
+    """A redactor whose marker matches its own rule, so its output is never a fixed point."""
+    return Redactor((Rule("loop", pattern, ("loop", *keywords), ("a loop",)),))
+
+
+def test_text_that_never_settles_is_withheld() -> None:
+    """The repair is bounded: a text redaction keeps changing is stored as WITHHELD."""
+    redactor = _looping("loop")
+    assert redactor.redact("a loop")[0] != redactor.redact(redactor.redact("a loop")[0])[0]
+    out, count, truncated = Preparer(Limits(), redactor).text("a loop", "text", 8192)
+    assert (out, truncated) == (WITHHELD, True) and count >= 1
+
+
+def test_text_with_no_safe_form_is_refused() -> None:
+    redactor = _looping("loop|withheld", "withheld")
+    with pytest.raises(InvalidRecord, match=r"^text: cannot be stored"):
+        Preparer(Limits(), redactor).text("a loop", "text", 8192)

@@ -194,6 +194,15 @@ def _restore_fresh(store: ConversationStore) -> Any:
     return store.restore()
 
 
+def _quarantine_causes(store: ConversationStore) -> list[tuple[Any, Any]]:
+    """(generation, cause) of every snapshot_quarantined event."""
+    return [
+        (e.detail["generation"], e.detail["cause"])
+        for e in store.events()
+        if e.reason is ReasonCode.SNAPSHOT_QUARANTINED
+    ]
+
+
 @pytest.mark.fake
 def test_truncation_at_every_offset_never_loads_partially(two_generations: Any) -> None:
     path, good, store = two_generations
@@ -201,22 +210,49 @@ def test_truncation_at_every_offset_never_loads_partially(two_generations: Any) 
         path.write_bytes(good[:cut])
         report = _restore_fresh(store)
         assert report.generation == 1, cut
-        assert [q.generation for q in report.quarantined] == [2]
+        assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "truncated")], cut
+        assert _quarantine_causes(store) == [(2, "truncated")], cut
         assert [m.content for m in store.context(A, "public")] == ["from generation one"]
         assert store.context(B, "public") == []
         (path.parent / "quarantine" / path.name).replace(path)  # put it back for the next cut
 
 
+# The header's layout, from the format (docs/architecture.md), not from the code:
+# magic 8 | version 2, flags 2, generation 8, created 8, boot id 64, length 8,
+# payload SHA-256 32 | SHA-256 of all that 32 | HMAC 32  = 196 bytes.
+MAGIC_END, FIELDS_END, CHECKSUM_END, SIGNATURE_END = 8, 132, 164, 196
+
+
+def _flip_cause(offset: int) -> str:
+    """Which check must catch a flipped bit at `offset`: the first that covers it."""
+    if offset < MAGIC_END:
+        return "bad_magic"
+    if offset < CHECKSUM_END:
+        return "checksum_mismatch"  # header fields, or the header checksum itself
+    if offset < SIGNATURE_END:
+        return "signature_mismatch"
+    return "checksum_mismatch"  # the payload's hash, in the header
+
+
 @pytest.mark.fake
 def test_bit_flips_in_header_and_payload(two_generations: Any) -> None:
+    """Each flip is caught by the check that covers its byte, and reported as that cause.
+
+    Disabling the header checksum (the signature would still refuse the file) or
+    calling payload damage invalid_session must turn this red.
+    """
     path, good, store = two_generations
+    assert HEADER_SIZE == SIGNATURE_END
     payload_offsets = list(range(HEADER_SIZE, len(good), max(1, (len(good) - HEADER_SIZE) // 64)))
-    for offset in [*range(HEADER_SIZE), *payload_offsets]:
+    for offset in [*range(HEADER_SIZE), *payload_offsets, len(good) - 1]:
         damaged = bytearray(good)
         damaged[offset] ^= 1 << (offset % 8)
         path.write_bytes(bytes(damaged))
         report = _restore_fresh(store)
         assert report.generation == 1, offset
+        expected = [(2, _flip_cause(offset))]
+        assert [(q.generation, q.cause) for q in report.quarantined] == expected, offset
+        assert _quarantine_causes(store) == expected, offset
         assert store.context(B, "public") == []
         (path.parent / "quarantine" / path.name).replace(path)
     path.write_bytes(good)
@@ -277,8 +313,10 @@ def test_forged_generations_are_quarantined(
 
 def test_future_format_version(make: Callable[..., ConversationStore], snapdir: Path) -> None:
     _good_then(snapdir, _session_line(), version=99)
-    report = make().restore()
+    store = make()
+    report = store.restore()
     assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "unsupported_version")]
+    assert _quarantine_causes(store) == [(2, "unsupported_version")]
 
 
 def test_relabelled_record_with_a_valid_checksum_fails_its_signature(
@@ -303,14 +341,19 @@ def test_relabelled_record_with_a_valid_checksum_fails_its_signature(
     store.redis.flushall()
     report = store.restore()
     assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "signature_mismatch")]
+    assert _quarantine_causes(store) == [(2, "signature_mismatch")]
     assert [m.role for m in store.context(A, "im")] == ["user"]
 
 
 def test_quarantine_is_bounded(make: Callable[..., ConversationStore], snapdir: Path) -> None:
     for _ in range(14):
         write_generation(snapdir, [b"{broken\n"])
-    report = make().restore()
+    store = make()
+    report = store.restore()
     assert len(report.quarantined) == 14 and report.generation is None
+    expected = [(g, "invalid_session") for g in range(14, 0, -1)]  # newest first
+    assert [(q.generation, q.cause) for q in report.quarantined] == expected
+    assert _quarantine_causes(store) == expected
     assert len(list((snapdir / "quarantine").iterdir())) == snaps.QUARANTINE_KEEP
 
 
@@ -400,14 +443,14 @@ def test_unreadable_generation_falls_back(
     store.flush()
     store.record(B, "im", AvatarMessage(text="two"))
     newest = store.flush().path  # type: ignore[union-attr]
-    real_open = Path.open
+    real_open = os.open
 
-    def guarded(self: Path, *args: Any, **kwargs: Any) -> Any:
-        if self == newest:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real_open(self, *args, **kwargs)
+    def guarded(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path) == newest:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", guarded)
+    monkeypatch.setattr(snaps.os, "open", guarded)
     store.redis.flushall()
     report = store.restore()
     assert report.unreadable == [2] and report.generation == 1 and report.error is None
@@ -466,6 +509,184 @@ def test_restore_never_raises(tmp_path: Path) -> None:
     )
     report = store.restore()
     assert report.error is not None and "ConnectionError" in report.error
+
+
+# -- the directory: links and stray entries (issue 12 item 6) ---------------------------------------
+
+GEN9 = f"{9:020d}.snap"
+HUGE = "99999999999999999999.snap"  # above 2**64 - 1: no header can hold it
+
+
+def _outside(tmp_path: Path) -> tuple[Path, Path]:
+    """A file and a directory outside the snapshot directory, with modes a chmod would change."""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    os.chmod(outside, 0o755)
+    target = outside / "precious.txt"
+    target.write_text("not yours")
+    os.chmod(target, 0o644)
+    return target, outside
+
+
+def _untouched(target: Path, outside: Path) -> None:
+    assert target.stat().st_mode & 0o777 == 0o644 and target.read_text() == "not yours"
+    assert outside.stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
+
+
+STRAYS: dict[str, tuple[Callable[[Path, Path, Path], None], list[tuple[str, str]]]] = {
+    # name: (make it in snapdir given (snapdir, target, outside), what restore reports skipped)
+    "link of any name": (lambda d, t, o: (d / "notes").symlink_to(t), []),
+    "link to a directory": (lambda d, t, o: (d / "elsewhere").symlink_to(o), []),
+    "link named like a generation": (
+        lambda d, t, o: (d / GEN9).symlink_to(t), [(GEN9, "not_a_regular_file")]
+    ),
+    "directory named like a generation": (
+        lambda d, t, o: (d / GEN9).mkdir(), [(GEN9, "not_a_regular_file")]
+    ),
+    "directory with a huge generation number": (
+        lambda d, t, o: (d / HUGE).mkdir(), [(HUGE, "generation_out_of_range")]
+    ),
+    "file with a huge generation number": (
+        lambda d, t, o: (d / HUGE).write_bytes(b"junk"), [(HUGE, "generation_out_of_range")]
+    ),
+    "fifo named like a generation": (
+        lambda d, t, o: os.mkfifo(d / GEN9), [(GEN9, "not_a_regular_file")]
+    ),
+    "fifo of any name": (lambda d, t, o: os.mkfifo(d / "pipe"), []),
+    "directory named like a temp file": (lambda d, t, o: (d / ".tmp-stray").mkdir(), []),
+    "link named like a temp file": (lambda d, t, o: (d / ".tmp-link").symlink_to(t), []),
+    "link named like the lock": (lambda d, t, o: (d / ".lock").unlink() or (d / ".lock").symlink_to(t), []),
+}  # fmt: skip
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links, fifos and modes")
+@pytest.mark.parametrize("stray", sorted(STRAYS))
+def test_stray_entries_never_stop_flush_or_restore(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, stray: str
+) -> None:
+    """No chmod or open follows a link; nothing named like a generation but not one is read.
+
+    Before: a link's target was chmod-ed to 0600, a directory named like a
+    generation made every flush fail with struct.error, a fifo blocked restore.
+    """
+    # Given generation 1, a stray entry, and generation 2
+    target, outside = _outside(tmp_path)
+    make_stray, skipped = STRAYS[stray]
+    store = make()
+    store.record(A, "im", AvatarMessage(text="one"))
+    store.flush()
+    make_stray(snapdir, target, outside)
+    store.record(B, "im", AvatarMessage(text="two"))
+    # When flushing (twice) and restoring into an empty server
+    second = store.flush()
+    third = store.flush()
+    assert second is not None and third is not None
+    assert (second.generation, third.generation) == (2, 3)
+    store.redis.flushall()
+    report = store.restore()
+    # Then the newest valid generation is loaded, the stray entry is reported, not read
+    assert report.error is None and report.quarantined == [] and report.unreadable == []
+    assert report.generation == third.generation
+    assert [(s.name, s.reason) for s in report.skipped] == skipped
+    assert [m.content for m in store.context(B, "im")] == ["two"]
+    _untouched(target, outside)
+    assert snapdir.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links")
+def test_flush_never_takes_a_name_a_stray_entry_holds(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path
+) -> None:
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="x"))
+    store.flush()
+    (snapdir / f"{2:020d}.snap").mkdir()
+    (snapdir / f"{3:020d}.snap").symlink_to(target)
+    assert store.flush().generation == 4  # type: ignore[union-attr]
+    assert (snapdir / f"{2:020d}.snap").is_dir() and (snapdir / f"{3:020d}.snap").is_symlink()
+    _untouched(target, outside)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links")
+@pytest.mark.parametrize("kind", ["file", "link to a directory", "fifo"])
+def test_a_quarantine_that_is_no_directory_never_stops_older_generations(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, kind: str
+) -> None:
+    """Before: a file named quarantine made restore fail after the newest generation failed."""
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="older, valid"))
+    store.flush()
+    store.record(B, "im", AvatarMessage(text="newer"))
+    newest = store.flush().path  # type: ignore[union-attr]
+    newest.write_bytes(newest.read_bytes()[:-1] + b"?")  # payload damage
+    quarantine = snapdir / "quarantine"
+    if kind == "file":
+        quarantine.write_text("stray")
+    elif kind == "fifo":
+        os.mkfifo(quarantine)
+    else:
+        quarantine.symlink_to(outside)
+    store.redis.flushall()
+    report = store.restore()
+    assert report.error is None and report.generation == 1
+    assert [(q.generation, q.cause) for q in report.quarantined] == [(2, "checksum_mismatch")]
+    assert _quarantine_causes(store) == [(2, "checksum_mismatch")]
+    assert [(s.name, s.reason) for s in report.skipped] == [(newest.name, "quarantine_unusable")]
+    assert [m.content for m in store.context(A, "im")] == ["older, valid"]
+    assert newest.exists()  # left in place: nowhere safe to move it
+    _untouched(target, outside)
+    assert store.flush().generation == 3  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links")
+def test_a_linked_snapshot_directory_is_refused(
+    redis: Any, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Before: a snapshot directory that was a link turned its target into 0700."""
+    target, outside = _outside(tmp_path)
+    link = tmp_path / "conversations"
+    link.symlink_to(outside)
+    store = ConversationStore(redis, clock=clock, snapshot_dir=link)
+    store.record(A, "im", AvatarMessage(text="x"))
+    with pytest.raises(SnapshotError, match="is a symbolic link; refusing to follow it"):
+        store.flush()
+    report = store.restore()
+    assert report.error is not None and "is a symbolic link" in report.error
+    _untouched(target, outside)
+    # a link among its parents is the operator's layout: allowed
+    parent = tmp_path / "parent-link"
+    parent.symlink_to(outside)
+    ConversationStore(redis, clock=clock, snapshot_dir=parent / "snaps").flush()
+    assert (outside / "snaps").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links, fifos")
+@pytest.mark.parametrize("kind", ["link", "fifo", "directory"])
+def test_a_key_that_is_no_regular_file_is_an_error_not_a_hang(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, kind: str
+) -> None:
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="x"))
+    store.flush()
+    key = snapdir / "snapshot.key"
+    key.unlink()
+    if kind == "link":
+        key.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(key)
+    else:
+        key.mkdir()
+    store.redis.flushall()
+    report = store.restore()
+    assert report.error is not None and report.error.startswith("SnapshotError")
+    assert "snapshot.key cannot be read" in report.error and report.quarantined == []
+    with pytest.raises(SnapshotError, match=r"snapshot\.key"):
+        store.flush()
+    _untouched(target, outside)
 
 
 # -- clock -------------------------------------------------------------------------------------------
@@ -648,3 +869,18 @@ def test_older_format_is_migrated(
     monkeypatch.delitem(snaps.MIGRATIONS, 0)
     store.redis.flushall()
     assert [(q.cause) for q in store.restore().quarantined] == ["unsupported_version"]
+    assert _quarantine_causes(store) == [(1, "unsupported_version")]
+
+
+def test_a_lock_that_is_a_directory_is_a_snapshot_error(
+    make: Callable[..., ConversationStore], snapdir: Path
+) -> None:
+    """No lock, no flush or restore: said as a SnapshotError, never another exception."""
+    snapdir.mkdir(parents=True)
+    (snapdir / ".lock").mkdir()
+    store = make()
+    store.record(A, "im", AvatarMessage(text="x"))
+    with pytest.raises(SnapshotError, match=r"cannot lock .*\.lock"):
+        store.flush()
+    report = store.restore()
+    assert report.error is not None and report.error.startswith("SnapshotError: cannot lock")

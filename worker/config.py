@@ -52,6 +52,13 @@ LIMIT_TABLE: dict[str, tuple[int, int]] = {
 LIMIT_CEILINGS: dict[str, int] = {name: ceiling for name, (_, ceiling) in LIMIT_TABLE.items()}
 # Room for one record's framing beyond its text: sequence, time, session ID, JSON, names.
 RECORD_OVERHEAD_BYTES = 1024
+# One folded record becomes at most this many bytes of summary (lua/lib.lua
+# summary_line gets it in the limits packet). The longest head ("- tool <64-char
+# name> (untrusted): ") is 85 bytes, so a line always has room for its head.
+SUMMARY_LINE_BYTES = 240
+# The smallest bound on a stored text: a cut text keeps its " [truncated]" marker
+# (12 bytes) and some words, and worker/prepare.py WITHHELD always fits.
+MIN_TEXT_BYTES = 32
 
 
 def _limit(name: str) -> Any:
@@ -93,7 +100,22 @@ class Limits(BaseModel):
         A session must hold its summary plus the largest record (JSON may double
         a text: quotes, backslashes and newlines are escaped), or compaction could
         not bring it under its byte bound; the shard total must hold one session.
+        Whatever the write path stores under these limits, restore must accept:
+        a summary bound below one folded line would cut lines inside their head,
+        and a text bound below the truncation marker would store texts over it.
         """
+        if self.max_summary_bytes < SUMMARY_LINE_BYTES:
+            raise ValueError(
+                f"max_summary_bytes = {self.max_summary_bytes} must be at least "
+                f"{SUMMARY_LINE_BYTES}, one folded summary line (a smaller bound cuts "
+                f"lines inside their head, and snapshots of them could not be restored)"
+            )
+        for name in ("max_text_bytes", "max_tool_result_bytes"):
+            if getattr(self, name) < MIN_TEXT_BYTES:
+                raise ValueError(
+                    f"{name} = {getattr(self, name)} must be at least {MIN_TEXT_BYTES} "
+                    f"(a cut text keeps its marker and some words)"
+                )
         largest = 2 * max(self.max_text_bytes, self.max_tool_result_bytes)
         need = self.max_summary_bytes + largest + RECORD_OVERHEAD_BYTES
         if self.max_session_bytes < need:

@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from worker.config import Limits, shard_limits
+from worker.config import SUMMARY_LINE_BYTES, Limits, shard_limits
 from worker.keys import ServiceKeys, SessionKeys, ShardKeys
 
 T = TypeVar("T")
@@ -77,8 +77,6 @@ LIMIT_FIELDS: tuple[str, ...] = (
 # Compaction folds a session down to this share of each bound, so it runs once
 # every quarter-bound of turns rather than on every turn.
 LOW_WATER = 0.75
-# One folded record becomes at most this many bytes of summary.
-SUMMARY_LINE_BYTES = 240
 # Sessions one record_turn call may end to get back under the shard's bounds.
 MAX_EVICTIONS_PER_CALL = 1000
 

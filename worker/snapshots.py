@@ -22,6 +22,15 @@ fsynced, renamed over the final name with `os.replace`, then the directory is
 fsynced; a crash at any point leaves the old generations intact and at most a
 temp file, which the next start removes. One file lock serialises flushers and
 restorers across processes.
+
+The directory is ours alone, and nothing in it is trusted to be what its name
+says: no chmod, open or move follows a symbolic link (O_NOFOLLOW, lstat), a
+snapshot directory that is itself a link is refused (SnapshotError), and an
+entry named like a generation that is not a regular file, or whose number the
+header cannot hold, is skipped and reported, never read (a fifo would block).
+Whatever the write path stored, restore accepts: its secret check asks what
+redaction would still change, not whether a rule matches (the write path's own
+markers do), and a summary is checked line by line, the unit Lua folds.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,8 +55,9 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.codec import decode_entries, entry_to_record
-from worker.config import Limits
+from worker.config import SUMMARY_LINE_BYTES, Limits
 from worker.errors import GridmemError
+from worker.prepare import AGENT_HEAD, AVATAR_HEAD, UNREADABLE_LINE, action_head, tool_head
 from worker.records import (
     CHANNEL_TTL_MS,
     ActionResult,
@@ -73,12 +84,32 @@ LOCK_FILE = ".lock"
 QUARANTINE = "quarantine"
 QUARANTINE_KEEP = 10  # files kept in quarantine/, oldest dropped first
 _GENERATION_NAME = re.compile(r"(\d{20})\.snap")
+# The header holds a generation in 64 bits; a larger name is no generation of ours.
+MAX_GENERATION = 2**64 - 1
+_NAME = r"[A-Za-z0-9_.:\-]{1,64}"
+# A folded summary line: one of the heads lua/lib.lua summary_line() writes
+# (worker/prepare.py holds the same heads), then any text; or the unreadable line.
 _SUMMARY_LINE = re.compile(
-    r"- (?:avatar \(untrusted\)|agent|tool [A-Za-z0-9_.:\-]{1,64} \(untrusted\)"
-    r"|action [A-Za-z0-9_.:\-]{1,64} (?:ok|failed|denied))(?:: .*)?"
-    r"|- \(unreadable record, untrusted\)"
+    "(?:"
+    + "|".join(
+        [
+            re.escape(AVATAR_HEAD),
+            re.escape(AGENT_HEAD),
+            re.escape(tool_head("NAME")).replace("NAME", _NAME),
+            re.escape(action_head("NAME", "STATUS"))
+            .replace("NAME", _NAME)
+            .replace("STATUS", "(?:ok|failed|denied)"),
+        ]
+    )
+    + ").*|"
+    + re.escape(UNREADABLE_LINE)
 )
-SUMMARY_LINE_MAX = 240
+SUMMARY_LINE_MAX = SUMMARY_LINE_BYTES
+# Opening flags that refuse a link as the last component and never wait on a fifo.
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_BINARY = getattr(os, "O_BINARY", 0)
 
 # Steps of flush() a crash test can stop at (the hook is called with the step's name).
 STEPS = ("written", "synced", "replaced", "pruning")
@@ -142,6 +173,12 @@ class SnapshotSession(BaseModel):
         return f"{self.avatar_uuid}:{self.channel}"
 
 
+def unredacted(value: str, redactor: Redactor) -> bool:
+    """Would redaction still change this text? Its own markers match some rules
+    (`?token=[REDACTED:...]`), so a match alone proves nothing; a change does."""
+    return redactor.redact(value)[0] != value
+
+
 def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) -> None:
     """Everything the models cannot say: order, time, bounds, format, secrets."""
     archived = [r for segment in session.archive for r in segment]
@@ -155,10 +192,13 @@ def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) 
     summary = session.summary
     if len(summary.encode("utf-8")) > limits.max_summary_bytes:
         raise SnapshotInvalid("over_bounds", "summary over max_summary_bytes")
-    for line in summary.split("\n") if summary else ():
+    lines = summary.split("\n") if summary else []
+    for line in lines:
         if len(line.encode("utf-8")) > SUMMARY_LINE_MAX or not _SUMMARY_LINE.fullmatch(line):
             raise SnapshotInvalid("bad_summary", "a summary line is not in the folded format")
-    if summary and redactor.redact(summary)[1]:
+    # Line by line: each is one folded record, checked as such when it was written
+    # (worker/prepare.py); two lines side by side are no text anyone wrote.
+    if any(unredacted(line, redactor) for line in lines):
         raise SnapshotInvalid("unredacted_secret", "the summary holds a secret")
 
 
@@ -178,7 +218,7 @@ def _check_record(record: Any, limits: Limits, redactor: Redactor) -> None:
         if len(text.encode("utf-8")) > bound:
             raise SnapshotInvalid("over_bounds", "a record's text is over its limit")
     for value in [t for t, _ in texts] + names:
-        if redactor.redact(value)[1]:
+        if unredacted(value, redactor):
             raise SnapshotInvalid("unredacted_secret", "a record holds a secret")
 
 
@@ -252,6 +292,21 @@ class QuarantinedGeneration(BaseModel):
     cause: str
 
 
+class SkippedEntry(BaseModel):
+    """A directory entry restore did not use, and why (never read, never moved).
+
+    reason: `not_a_regular_file` (a link, directory, fifo... named like a
+    generation), `generation_out_of_range` (a number the header cannot hold), or
+    `quarantine_unusable` (a failed generation left in place: `quarantine` is not
+    a real directory, or the move failed).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    reason: str
+
+
 class RestoreReport(BaseModel):
     """What restore() did. Restore never raises: problems are reported here."""
 
@@ -264,6 +319,7 @@ class RestoreReport(BaseModel):
     sessions_expired: int = 0  # past their TTL by wall-clock age: not restored
     quarantined: list[QuarantinedGeneration] = Field(default_factory=list)
     unreadable: list[int] = Field(default_factory=list)  # generations that could not be opened
+    skipped: list[SkippedEntry] = Field(default_factory=list)  # stray entries, never read
     error: str | None = None
 
 
@@ -277,6 +333,7 @@ class ValidatedGeneration:
     generation: int
     path: Path
     version: int  # the format version its lines are in
+    identity: tuple[int, int] = (0, 0)  # (device, inode) of the file that was checked
     lines: list[tuple[int, int, int]] = field(default_factory=list)  # (last active, offset, length)
 
 
@@ -308,22 +365,58 @@ class SnapshotDirectory:
         Housekeeping runs inside the lock: a temp file is stale only when no
         other process holds the lock (it may be writing that very file).
         """
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with self._lock:
+        self._check_directory()
+        lock = self.directory / LOCK_FILE
+        if os.path.islink(lock):
+            lock.unlink()  # removes the link itself; the lock must be a plain file of ours
+        try:
+            self._lock.acquire()
+        except OSError as exc:
+            raise SnapshotError(f"cannot lock {lock}: {exc.strerror or exc}") from None
+        try:
             self.prepare()
             yield
+        finally:
+            self._lock.release()
+
+    def _check_directory(self) -> None:
+        """Create the directory if missing; refuse one that is a link or not a directory.
+
+        A linked snapshot directory is refused rather than followed: its target's
+        mode would be forced to 0700, and generations would live somewhere no
+        setting names. Links among its parents are the operator's layout, allowed.
+        """
+        try:
+            mode = os.lstat(self.directory).st_mode
+        except FileNotFoundError:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            mode = os.lstat(self.directory).st_mode
+        if stat.S_ISLNK(mode):
+            raise SnapshotError(
+                f"snapshot directory {self.directory} is a symbolic link; refusing to follow "
+                f"it (point the setting at the real directory)"
+            )
+        if not stat.S_ISDIR(mode):
+            raise SnapshotError(f"snapshot directory {self.directory} is not a directory")
 
     def prepare(self) -> None:
-        """Create the directory, force private modes on Unix, drop stale temp files."""
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Create the directory, force private modes on Unix, drop stale temp files.
+
+        Only regular files get 0600, each through a descriptor opened without
+        following links; stray directories, links, fifos are left as they are.
+        """
+        self._check_directory()
         if self.posix:
-            _force_mode(self.directory, 0o700)
-            for path in self.directory.iterdir():
-                if path.is_file():
-                    _force_mode(path, 0o600)
-        for path in self.directory.glob(TEMP_PREFIX + "*"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            _force_mode(self.directory, 0o700, directory=True)
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    continue
+                if entry.name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)  # a link goes, never its target
+                elif self.posix and entry.is_file(follow_symlinks=False):
+                    _force_mode(Path(entry.path), 0o600)
 
     def key(self, *, create: bool = True) -> bytes:
         """The installation's signing key, created by the first flush.
@@ -333,16 +426,23 @@ class SnapshotDirectory:
         """
         path = self.directory / KEY_FILE
         try:
-            return bytes.fromhex(path.read_text(encoding="ascii").strip())
+            with _open_regular(path) as fh:
+                text = fh.read(256).decode("ascii")
+            return bytes.fromhex(text.strip())
         except FileNotFoundError:
             if not create:
                 raise SnapshotError(
                     f"{path} is missing: snapshots in {self.directory} cannot be verified"
                 ) from None
-        except ValueError:
+        except OSError as exc:
+            raise SnapshotError(
+                f"{path} cannot be read ({_why(exc)}): snapshots in {self.directory} "
+                f"cannot be verified"
+            ) from None
+        except ValueError:  # UnicodeDecodeError too
             raise SnapshotError(f"{path} is not a snapshot key (expected 64 hex digits)") from None
         key = secrets.token_bytes(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as fh:
             fh.write(key.hex())
             fh.flush()
@@ -350,14 +450,27 @@ class SnapshotDirectory:
         _fsync_directory(self.directory, self.posix)
         return key
 
+    def scan(self) -> tuple[list[tuple[int, Path]], list[SkippedEntry]]:
+        """(every generation file, oldest first; entries named like one that are not)."""
+        found: list[tuple[int, Path]] = []
+        skipped: list[SkippedEntry] = []
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                match = _GENERATION_NAME.fullmatch(entry.name)
+                if not match:
+                    continue
+                number = int(match.group(1))
+                if number > MAX_GENERATION:
+                    skipped.append(SkippedEntry(name=entry.name, reason="generation_out_of_range"))
+                elif not entry.is_file(follow_symlinks=False):
+                    skipped.append(SkippedEntry(name=entry.name, reason="not_a_regular_file"))
+                else:
+                    found.append((number, Path(entry.path)))
+        return sorted(found), sorted(skipped, key=lambda s: s.name)
+
     def generations(self) -> list[tuple[int, Path]]:
         """Every generation file, oldest first."""
-        found = []
-        for path in self.directory.iterdir():
-            match = _GENERATION_NAME.fullmatch(path.name)
-            if match:
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+        return self.scan()[0]
 
     # writing
 
@@ -366,6 +479,11 @@ class SnapshotDirectory:
         key = self.key()
         existing = self.generations()
         generation = existing[-1][0] + 1 if existing else 1
+        # a stray entry (a directory, a link) may hold the next name: never replace it
+        while os.path.lexists(self.directory / f"{generation:020d}{SUFFIX}"):
+            generation += 1
+        if generation > MAX_GENERATION:
+            raise SnapshotError(f"no generation number is left in {self.directory}")
         final = self.directory / f"{generation:020d}{SUFFIX}"
         temp = (
             self.directory / f"{TEMP_PREFIX}{generation:020d}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -413,12 +531,12 @@ class SnapshotDirectory:
     def prune(self, keep: int) -> None:
         """Drop the oldest generations until the total fits max_snapshot_bytes; never `keep`."""
         gens = self.generations()
-        total = sum(path.stat().st_size for _, path in gens)
+        total = sum(path.lstat().st_size for _, path in gens)
         for generation, path in gens:
             if total <= self.limits.max_snapshot_bytes or generation == keep:
                 break
             self.hook("pruning")
-            size = path.stat().st_size
+            size = path.lstat().st_size
             path.unlink()
             total -= size
         _fsync_directory(self.directory, self.posix)
@@ -431,9 +549,10 @@ class SnapshotDirectory:
         OSError (unreadable) propagates: that is not the file's fault.
         """
         key = self.key(create=False)
-        with path.open("rb") as fh:
+        with _open_regular(path) as fh:
+            info = os.fstat(fh.fileno())
             header = parse_header(fh.read(HEADER_SIZE), key)
-            size = os.fstat(fh.fileno()).st_size
+            size = info.st_size
             if header.generation != generation:
                 raise SnapshotInvalid("wrong_generation", "file name and header disagree")
             if size != HEADER_SIZE + header.payload_len:
@@ -444,10 +563,12 @@ class SnapshotDirectory:
             if not hmac.compare_digest(digest.digest(), header.payload_sha):
                 raise SnapshotInvalid("checksum_mismatch", "payload damaged")
             fh.seek(HEADER_SIZE)
-            return self._validate_sessions(header, fh, path)
+            return self._validate_sessions(header, fh, path, (info.st_dev, info.st_ino))
 
-    def _validate_sessions(self, header: Header, fh: IO[bytes], path: Path) -> ValidatedGeneration:
-        result = ValidatedGeneration(header.generation, path, header.version)
+    def _validate_sessions(
+        self, header: Header, fh: IO[bytes], path: Path, identity: tuple[int, int]
+    ) -> ValidatedGeneration:
+        result = ValidatedGeneration(header.generation, path, header.version, identity)
         seen: set[str] = set()
         offset = HEADER_SIZE
         for line in fh:
@@ -477,23 +598,40 @@ class SnapshotDirectory:
 
     def read_session(self, valid: ValidatedGeneration, offset: int, length: int) -> SnapshotSession:
         """One session of a validated generation (checked again: it is about to be written)."""
-        with valid.path.open("rb") as fh:
+        with _open_regular(valid.path) as fh:
+            info = os.fstat(fh.fileno())
+            if (info.st_dev, info.st_ino) != valid.identity:
+                raise OSError(errno.ESTALE, "replaced since it was checked", str(valid.path))
             fh.seek(offset)
             return self.parse_line(fh.read(length), valid.version)
 
-    def quarantine(self, path: Path) -> None:
-        """Move a failed generation aside (bounded: oldest quarantined files go first)."""
+    def quarantine(self, path: Path) -> bool:
+        """Move a failed generation aside (bounded: oldest quarantined files go first).
+
+        False if it could not be moved: `quarantine` is not a real directory of
+        ours (a file, a link: never followed) or the move failed. The generation
+        then stays where it is, and restore goes on with the older ones.
+        """
         folder = self.directory / QUARANTINE
-        folder.mkdir(mode=0o700, exist_ok=True)
-        if self.posix:
-            _force_mode(folder, 0o700)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):  # lstat: a link is no directory
+            return False
+        try:
+            if self.posix:
+                _force_mode(folder, 0o700, directory=True)
             os.replace(path, folder / path.name)
-        kept = sorted(folder.iterdir())
+        except FileNotFoundError:
+            pass  # gone already (another restorer)
+        except OSError:
+            return False
+        with os.scandir(folder) as entries:
+            kept = sorted(e.name for e in entries if e.is_file(follow_symlinks=False))
         for old in kept[: max(0, len(kept) - QUARANTINE_KEEP)]:
             with contextlib.suppress(OSError):
-                old.unlink()
+                (folder / old).unlink()
         _fsync_directory(self.directory, self.posix)
+        return True
 
 
 def snapshot_line(session: ExportedSession) -> bytes:
@@ -505,7 +643,10 @@ def snapshot_line(session: ExportedSession) -> bytes:
         "channel": channel,
         "session_id": session.session_id,
         "created_at_ms": session.created_ms,
-        "last_active_at_ms": session.active_ms,
+        # Wall clocks step back and hosts disagree: a turn written by a host behind
+        # the one that opened the session is stamped before the session's creation.
+        # Its activity is at least its creation (restore refuses the reverse).
+        "last_active_at_ms": max(session.active_ms, session.created_ms),
         "summary": session.summary,
         "records": [
             {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)} for e in entries
@@ -537,16 +678,51 @@ def _write_all(fh: IO[bytes], data: bytes) -> None:
     fh.write(data)
 
 
-def _force_mode(path: Path, mode: int) -> None:
-    if (path.stat().st_mode & 0o777) != mode:
-        os.chmod(path, mode)
+def _open_regular(path: Path) -> IO[bytes]:
+    """Open a regular file for reading, never through a link and never waiting on a fifo.
+
+    Raises OSError for anything else (ELOOP for a link, EINVAL for a non-file).
+    """
+    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_BINARY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "it is a symbolic link"
+    return str(exc.strerror or exc)
+
+
+def _force_mode(path: Path, mode: int, *, directory: bool = False) -> None:
+    """chmod through a descriptor opened without following a link (Unix only).
+
+    An entry that is not what it should be (a link, a fifo) is left alone.
+    """
+    flags = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | (_O_DIRECTORY if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return  # a link (ELOOP), gone, or unreadable: not ours to fix
+    try:
+        info = os.fstat(fd)
+        kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
+        if kind_ok and (info.st_mode & 0o777) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _fsync_directory(directory: Path, posix: bool) -> None:
     """Make a rename durable. Directories cannot be opened for fsync on Windows."""
     if not posix:
         return
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:

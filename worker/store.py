@@ -45,6 +45,7 @@ from worker.scripts import ScriptCall, Scripts
 from worker.snapshots import (
     QuarantinedGeneration,
     RestoreReport,
+    SkippedEntry,
     SnapshotDirectory,
     SnapshotInfo,
     SnapshotInvalid,
@@ -298,11 +299,14 @@ class ConversationStore:
                 after = batch.next_after
 
     def _restore_newest_valid(self, snapshots: SnapshotDirectory, report: RestoreReport) -> None:
-        for generation, path in reversed(snapshots.generations()):
+        generations, report.skipped = snapshots.scan()
+        for generation, path in reversed(generations):
             try:
                 valid = snapshots.validate(generation, path)
             except SnapshotInvalid as bad:
-                snapshots.quarantine(path)
+                if not snapshots.quarantine(path):  # left in place; older ones still tried
+                    unmoved = SkippedEntry(name=path.name, reason="quarantine_unusable")
+                    report.skipped.append(unmoved)
                 report.quarantined.append(
                     QuarantinedGeneration(generation=generation, cause=bad.cause)
                 )
