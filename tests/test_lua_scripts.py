@@ -304,6 +304,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "read_receipt": s.read_receipt(SESSION, SHARD, SHARD.lru_public, clock, key="k"),
         "read_stats": s.read_stats(SHARD),
         "publish_limits": s.publish_limits(SHARD, {"max_events": 5}),
+        "publish_layout": s.publish_layout("gridmem:namespaces", namespace="gm", prefixes=["gm:{0}:"]),
         "ensure_group": s.ensure_group(SERVICE, group="g"),
         "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
         "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1),

@@ -20,7 +20,7 @@ from worker.codec import decode_entries, record_to_entry
 from worker.config import ConversationConfig
 from worker.context import context_messages, turn_view
 from worker.errors import InvalidInput
-from worker.keys import KeySpace
+from worker.keys import DIRECTORY_KEY, KeySpace, ShardKeys
 from worker.prepare import Preparer
 from worker.reads import ReadCall, context_read
 from worker.records import (
@@ -93,6 +93,8 @@ class Operations:
         self._session_ids = session_ids
         self.prepare = Preparer(config.limits, redactor)
         self._limits_packet = limits_packet(config.limits, config.shards, config.archive_enabled)
+        # Layout and limits are published before this store's first write (publish_limits).
+        self._published = False
 
     def _now(self) -> ClockReading:
         return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
@@ -110,6 +112,8 @@ class Operations:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
+        if not self._published:
+            yield from self.publish_limits()
         session, shard = self.keys.session(uuid, ch)
         reply = yield self.scripts.record_turn(
             session,
@@ -262,10 +266,33 @@ class Operations:
         )
 
     def publish_limits(self) -> Op[None]:
-        """Record the configured limits in every shard, for operators' `stats`."""
+        """Publish the layout and limits this store runs with, for bin/gridmem-cli.
+
+        Runs before a store's first write (and at service start), so whatever wrote
+        a session has said where it lives. Every shard's limits hash first, then the
+        namespace's entry in the server-wide directory: a CLI that finds the
+        namespace finds everything the entry points to.
+        """
         limits = self.config.limits.model_dump()
         for shard in self.keys.all_shards():
-            yield self.scripts.publish_limits(shard, limits)
+            yield self.scripts.publish_limits(shard, {**limits, **self._shard_bounds(shard)})
+        prefixes = [self.keys.prefix(n) for n in range(self.keys.shards)]
+        yield self.scripts.publish_layout(
+            DIRECTORY_KEY, namespace=self.keys.namespace, prefixes=prefixes
+        )
+        self._published = True
+
+    def _shard_bounds(self, shard: ShardKeys) -> dict[str, int]:
+        """What a shard's scripts apply beyond the configured limits, as the CLI needs it."""
+        return {
+            "shard": shard.shard,
+            "shards": self.keys.shards,
+            # the MAXLEN every event-writing call of this store passes for this shard
+            "events_maxlen": self.config.limits.max_events,
+            "page_limit_max": PAGE_LIMIT_MAX,
+            "metadata_limit_max": METADATA_LIMIT_MAX,
+            "events_count_max": EVENTS_COUNT_MAX,
+        }
 
     # -- snapshots -------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "read_receipt",
     "read_stats",
     "publish_limits",
+    "publish_layout",
     "ensure_group",
     "take_inbound",
     "claim_key",
@@ -622,6 +623,11 @@ class Scripts:
     def publish_limits(self, shard: ShardKeys, limits: dict[str, int]) -> ScriptCall[int]:
         pairs = [str(x) for kv in sorted(limits.items()) for x in kv]
         return self._call("publish_limits", (shard.limits,), pairs, int)
+
+    def publish_layout(
+        self, directory: str, *, namespace: str, prefixes: Sequence[str]
+    ) -> ScriptCall[int]:
+        return self._call("publish_layout", (directory,), (namespace, *prefixes), int)
 
     def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
         return self._call(

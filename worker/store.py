@@ -205,7 +205,7 @@ class ConversationStore:
         return self._drive(self._ops.stats())
 
     def publish_limits(self) -> None:
-        """Record the configured limits in Redis, where `bin/gridmem-cli stats` shows them."""
+        """Publish layout and limits for bin/gridmem-cli (also done before a first write)."""
         self._drive(self._ops.publish_limits())
 
     def flush(self) -> SnapshotInfo | None:
