@@ -288,6 +288,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "read_page": s.read_page(
             SESSION, SHARD, SHARD.lru_public, clock, anchor=None, direction="forward", limit=1
         ),
+        "read_context": s.read_context(SESSION, SHARD, SHARD.lru_public),
         "list_metadata": s.list_metadata(SHARD, clock, after="", limit=1),
         "sweep_idle": s.sweep_idle(SHARD, clock, batch=1, max_events=1),
         "delete_session": s.delete_session(

@@ -144,7 +144,13 @@ class Operations:
     def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         session, shard = self.keys.session(uuid, ch)
-        reply = yield context_read(session, shard, ch, self._now())
+        reply = yield context_read(
+            session,
+            shard,
+            ch,
+            self._now(),
+            lambda: self.scripts.read_context(session, shard, shard.lru(ch)),
+        )
         if not reply.session_id:
             return []
         return context_messages(reply.summary, reply.entries, reply.session_id)

@@ -35,6 +35,7 @@ Arg = str | int | bytes
 SCRIPT_NAMES: tuple[str, ...] = (
     "record_turn",
     "read_page",
+    "read_context",
     "list_metadata",
     "sweep_idle",
     "delete_session",
@@ -611,6 +612,13 @@ class Scripts:
             (*clock.args(), session.member, key),
             _parse_receipt,
         )
+
+    def read_context(
+        self, session: SessionKeys, shard: ShardKeys, lru: str
+    ) -> ScriptCall[list[Any]]:
+        """context()'s reads in one read-only function: its fallback on a full server."""
+        keys = (session.meta, shard.clock, lru, session.summary, session.turns)
+        return self._call("read_context", keys, (session.member,), list)
 
     def read_stats(self, shard: ShardKeys) -> ScriptCall[StatsReply]:
         return self._call(

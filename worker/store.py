@@ -362,6 +362,10 @@ class ConversationStore:
                 replies = self._transaction(call.commands)
             except RETRYABLE:
                 replies = self._retrying(self._transaction, call.commands)
+            except redis.OutOfMemoryError:
+                if call.fallback is None:
+                    raise
+                replies = self._run(call.fallback())  # full Redis: no MULTI, reads too
             return call.parse(replies)
         try:
             try:
@@ -543,6 +547,10 @@ class AsyncConversationStore:
                 replies = await self._transaction(call.commands)
             except RETRYABLE:
                 replies = await self._retrying.copy()(self._transaction, call.commands)
+            except redis.OutOfMemoryError:
+                if call.fallback is None:
+                    raise
+                replies = await self._run(call.fallback())  # full Redis: no MULTI, reads too
             return call.parse(replies)
         try:
             try:
