@@ -37,8 +37,11 @@ from worker import (
     ReasonCode,
 )
 from worker.embedded import EmbeddedValkey, cli_binary
+from worker.errors import BadScriptArgument
+from worker.keys import KeySpace
 from worker.reads import context_read
-from worker.store import AsyncConversationStore
+from worker.scripts import load_scripts
+from worker.store import AsyncConversationStore, translate
 
 CLI = Path(__file__).resolve().parent.parent / "bin" / "gridmem-cli"
 PUBLIC_TTL_MS = 1_800_000  # DESIGN section 4
@@ -269,3 +272,15 @@ def test_the_async_store_reads_a_full_server(
     contents, texts, deleted = asyncio.run(read())
     assert contents == texts == said(TALKERS[0], Channel.PUBLIC)
     assert deleted and store.context(TALKERS[0], Channel.IM) == []
+
+
+def test_read_context_refuses_a_malformed_member(redis: redis_py.Redis) -> None:
+    scripts = load_scripts()
+    session, shard = KeySpace().session(TALKERS[0], Channel.IM)
+    keys = (session.meta, shard.clock, shard.lru_im, session.summary, session.turns)
+    for member in ("", "not-a-member", f"{TALKERS[0]}:group", f"{TALKERS[0].upper()}:im"):
+        with pytest.raises(BadScriptArgument, match=r"GM_BADARG member$"):
+            try:
+                redis.eval(scripts["read_context"].source, len(keys), *keys, member)
+            except redis_py.ResponseError as exc:
+                raise translate(exc) from None

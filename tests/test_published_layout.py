@@ -18,13 +18,14 @@ import redis as redis_py
 
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
-from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits
+from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
 from worker.errors import BadScriptArgument
 from worker.scripts import load_scripts
 from worker.store import translate
 
 SCRIPTS = load_scripts()
 DIRECTORY = "gridmem:namespaces"  # the one name bin/gridmem-cli knows (docs/operations.md)
+MINUTE_MS = 60_000  # docs/operations.md: a writing store publishes again each minute
 
 
 def _decoded(mapping: dict[Any, Any]) -> dict[str, str]:
@@ -93,6 +94,22 @@ def test_published_once_per_store(
     command_counter.commands.clear()
     store.record(avatar(2), "im", AvatarMessage(text="second"))
     assert [c for c in command_counter.commands if c != "<connection>"] == ["FCALL"]
+
+
+def test_a_writing_store_publishes_again_after_the_server_lost_it(
+    make_store: Any, redis: Any, clock: ManualClock
+) -> None:
+    """A server restarted or flushed behind the store's back shows the layout again."""
+    store = make_store(ConversationConfig(namespace="pub"))
+    store.record(avatar(1), "im", AvatarMessage(text="hi"))
+    redis.flushall()
+    clock.advance(MINUTE_MS - 1)
+    store.record(avatar(1), "im", AvatarMessage(text="still within the minute"))
+    assert not redis.exists(DIRECTORY)
+    clock.advance(1)
+    store.record(avatar(1), "im", AvatarMessage(text="a minute on"))
+    assert _decoded(redis.hgetall(DIRECTORY)) == {"pub": "pub:{0}:"}
+    assert redis.hget("pub:{0}:limits", "events_maxlen") == str(Limits().max_events).encode()
 
 
 def test_two_stores_share_the_directory(make_store: Any, redis: Any) -> None:

@@ -65,6 +65,9 @@ Op = Generator[ScriptCall[Any] | ReadCall[Any], Any, T]
 
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
 SWEEP_BATCH = 200
+# A writing store publishes its layout and limits again this often (publish_limits),
+# so a server restarted or flushed behind its back shows them to operators again.
+REPUBLISH_MS = 60_000
 # One export_sessions call reads at most this many sessions or about this many bytes.
 EXPORT_BATCH_SESSIONS = 100
 EXPORT_BATCH_BYTES = 256 << 10
@@ -93,8 +96,9 @@ class Operations:
         self._session_ids = session_ids
         self.prepare = Preparer(config.limits, redactor)
         self._limits_packet = limits_packet(config.limits, config.shards, config.archive_enabled)
-        # Layout and limits are published before this store's first write (publish_limits).
-        self._published = False
+        # Layout and limits are published before this store's first write, then again
+        # every REPUBLISH_MS it writes (publish_limits): monotonic ms of the last time.
+        self._published_at: int | None = None
 
     def _now(self) -> ClockReading:
         return ClockReading(self.clock.monotonic_ms(), self.clock.wall_ms(), self.clock.boot_id())
@@ -112,7 +116,9 @@ class Operations:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
-        if not self._published:
+        if self._published_at is None or (
+            self.clock.monotonic_ms() - self._published_at >= REPUBLISH_MS
+        ):
             yield from self.publish_limits()
         session, shard = self.keys.session(uuid, ch)
         reply = yield self.scripts.record_turn(
@@ -274,9 +280,10 @@ class Operations:
     def publish_limits(self) -> Op[None]:
         """Publish the layout and limits this store runs with, for bin/gridmem-cli.
 
-        Runs before a store's first write (and at service start), so whatever wrote
-        a session has said where it lives. Every shard's limits hash first, then the
-        namespace's entry in the server-wide directory: a CLI that finds the
+        Runs before a store's first write, then at most once a minute while it
+        writes (and at service start), so whatever wrote a session has said where it
+        lives, even after the server lost it. Every shard's limits hash first, then
+        the namespace's entry in the server-wide directory: a CLI that finds the
         namespace finds everything the entry points to.
         """
         limits = self.config.limits.model_dump()
@@ -286,7 +293,7 @@ class Operations:
         yield self.scripts.publish_layout(
             DIRECTORY_KEY, namespace=self.keys.namespace, prefixes=prefixes
         )
-        self._published = True
+        self._published_at = self.clock.monotonic_ms()
 
     def _shard_bounds(self, shard: ShardKeys) -> dict[str, int]:
         """What a shard's scripts apply beyond the configured limits, as the CLI needs it."""
