@@ -1,5 +1,8 @@
--- publish_limits: record the limits a store runs with, for operators' `stats`.
--- KEYS[1] = gm:{shard}:limits  (hash)  limit name -> value
+-- publish_limits: record what one shard runs with, for bin/gridmem-cli (DESIGN section 12):
+-- the configured limits, the shard's place in the layout and the bounds its
+-- scripts apply (the event stream's MAXLEN, the read scripts' largest page), so
+-- the CLI reads them here instead of repeating them. Replaces the hash whole.
+-- KEYS[1] = gm:{shard}:limits  (hash)  name -> value
 -- ARGV[1..] = name, value pairs; names are lowercase words, values integers >= 0
 -- Returns: the number of limits recorded
 -- Flags:   none (writes: refused whole while the server is out of memory)

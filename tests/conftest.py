@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import tomllib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -128,17 +130,127 @@ def command_counter(redis: redis_py.Redis) -> CommandCounter:
     return CommandCounter(redis)
 
 
+# -- CI guard: real-server tests must run, and be counted ------------------------------------
+#
+# Under CI=true a skipped real-server test fails, and deselecting them by marker is
+# refused. But tests can vanish without being skipped one by one: `-m fake`,
+# `-k "not valkey"`, a module-level skip or importorskip. So the guard counts the
+# real-server tests that passed, per backend, and fails the run below the numbers
+# in tests/real_tests.toml. tests/test_ci_guard.py keeps those numbers equal to what
+# the whole suite collects, so they cannot rot: a new real test raises them, a
+# removed or skipped one shows up as a change someone must make and explain.
+
+REAL_TESTS_FILE = Path(__file__).with_name("real_tests.toml")
+_PASSED = pytest.StashKey[Counter[str]]()
+_COLLECTED = pytest.StashKey[Counter[str]]()
+_DESELECTED = pytest.StashKey[int]()
+_SHORTFALL = pytest.StashKey[list[str]]()
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def real_backend(item: pytest.Item) -> str | None:
+    """The real server a real-server test runs against, or None for any other test.
+
+    A test parametrized over backends names it (`backend`, `engine`); the other
+    real-server tests use the embedded Valkey.
+    """
+    if not item.get_closest_marker("real"):
+        return None
+    callspec = getattr(item, "callspec", None)
+    params: dict[str, object] = callspec.params if callspec is not None else {}
+    for name in ("backend", "engine"):
+        if name in params:
+            value = params[name]
+            return value if isinstance(value, str) and value in REAL_ENGINES else None
+    return "valkey"
+
+
+def expected_real_tests() -> dict[str, int]:
+    """Real-server tests that must pass under CI=true, for the backends this machine has."""
+    with REAL_TESTS_FILE.open("rb") as stored:
+        counts = tomllib.load(stored)
+    return {name: int(counts[name]) for name in REAL_ENGINES}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--real-test-counts",
+        action="store_true",
+        help="print how many real-server tests were selected per backend (tests/real_tests.toml)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under CI=true real-server tests must run: deselecting them by marker is refused."""
-    if os.environ.get("CI") == "true" and "not real" in (config.option.markexpr or ""):
+    if _on_ci() and "not real" in (config.option.markexpr or ""):
         raise pytest.UsageError("CI=true: real-server tests may not be deselected")
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        real = sum(1 for item in items if real_backend(item))
+        config.stash[_DESELECTED] = config.stash.get(_DESELECTED, 0) + real
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[_COLLECTED] = Counter(
+        backend for item in session.items if (backend := real_backend(item))
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Under CI=true a skipped real-server test is a failure: CI must prove real behaviour."""
+    """Under CI=true a skipped real-server test is a failure; passed ones are counted."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if os.environ.get("CI") == "true" and report.skipped and item.get_closest_marker("real"):
+    backend = real_backend(item)
+    if _on_ci() and report.skipped and item.get_closest_marker("real"):
         report.outcome = "failed"
         report.longrepr = f"real-server test skipped under CI=true: {report.longrepr}"
+    if backend and report.when == "call" and report.passed:
+        item.config.stash.setdefault(_PASSED, Counter())[backend] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI=true, fewer passed real-server tests than tests/real_tests.toml fails the run."""
+    config = session.config
+    if not _on_ci() or config.option.collectonly:
+        return
+    try:
+        expected = expected_real_tests()
+    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError) as exc:
+        shortfall = [f"cannot read {REAL_TESTS_FILE.name}: {exc!r}"]
+    else:
+        passed = config.stash.get(_PASSED, Counter())
+        shortfall = [
+            f"{backend}: {passed[backend]} real-server tests passed, {want} expected"
+            for backend, want in expected.items()
+            if passed[backend] < want
+        ]
+    if shortfall:
+        deselected = config.stash.get(_DESELECTED, 0)
+        if deselected:
+            shortfall.append(f"{deselected} real-server tests were deselected (-m, -k, --deselect)")
+        config.stash[_SHORTFALL] = shortfall
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if config.getoption("real_test_counts"):
+        collected = config.stash.get(_COLLECTED, Counter())
+        terminalreporter.write_line(
+            "real-server tests selected: "
+            + ", ".join(f"{name} = {collected[name]}" for name in REAL_ENGINES)
+        )
+    shortfall = config.stash.get(_SHORTFALL, [])
+    if shortfall:
+        terminalreporter.section("CI guard: real-server tests that did not run", red=True)
+        for line in shortfall:
+            terminalreporter.write_line(line, red=True)
+        terminalreporter.write_line(
+            "CI=true runs the whole suite; every real-server test must pass on every backend."
+        )

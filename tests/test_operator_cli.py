@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
+import threading
+from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -49,8 +52,7 @@ def server(real_servers: dict[str, EmbeddedValkey]) -> EmbeddedValkey:
 @pytest.fixture
 def store(server: EmbeddedValkey) -> ConversationStore:
     config = ConversationConfig(archive_enabled=True, limits=Limits(max_turns_per_session=8))
-    store = ConversationStore(server.client(), config)
-    store.publish_limits()
+    store = ConversationStore(server.client(), config)  # publishes its layout on its first write
     for i in range(30):
         store.record(A, "im", AvatarMessage(text=f"{MARK} {i} password=hunter22"))
         store.record(A, "im", AgentReply(text=f"{MARK} reply {i}"))
@@ -109,28 +111,71 @@ def test_stats(server: EmbeddedValkey, store: ConversationStore, client_binary: 
     assert "sessions" in table and "of 10,000" in table and MARK not in table
 
 
+class Follower:
+    """`gridmem-cli events --follow` in the background, read with a deadline: a hang fails."""
+
+    def __init__(self, server: EmbeddedValkey, client: str, tmp: Path, *args: str) -> None:
+        env = {**os.environ, "GRIDMEM_REDIS_CLI": client, "TMPDIR": str(tmp)}
+        self.process = subprocess.Popen(
+            [str(CLI), "-s", str(server.socket_path), "events", "--follow", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+
+    def line(self, timeout: float = 30.0) -> str:
+        """The next line printed; the follower polls once a second, so 30 s is ample."""
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"events --follow printed nothing within {timeout} s") from None
+
+    def stop(self) -> str:
+        """Stop it as Ctrl-C would; it must still have been running. Returns its stderr."""
+        assert self.process.poll() is None, "events --follow exited on its own"
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self._reader.join(timeout=30)
+        assert self.process.stderr is not None and self.process.stdout is not None
+        errors = self.process.stderr.read()
+        self.process.stderr.close()
+        self.process.stdout.close()
+        return errors
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
 def test_events_and_follow(
     server: EmbeddedValkey, store: ConversationStore, client_binary: str
 ) -> None:
-    lines = gm(server, client_binary, "events", "--count", "3", "--json").stdout.splitlines()
-    events = [json.loads(line) for line in lines]
+    done = gm(server, client_binary, "events", "--count", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(events) == 3 and all(e["reason"] == "compacted" for e in events)
     assert [e["id"] for e in events] == [e.id for e in store.events(count=1000)][-3:]
-    assert MARK not in gm(server, client_binary, "events").stdout
-    follower = subprocess.Popen(
-        [str(CLI), "-s", str(server.socket_path), "events", "--follow", "--count", "1"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "GRIDMEM_REDIS_CLI": client_binary},
-    )  # fmt: skip
+    table = gm(server, client_binary, "events")
+    assert table.returncode == 0 and MARK not in table.stdout
+    tmp = short_tempdir("gm-follow-")
+    follower = Follower(server, client_binary, tmp, "--count", "1")
     try:
-        assert "compacted" in (follower.stdout.readline() if follower.stdout else "")
+        assert "compacted" in follower.line()
         store.delete(B, "public")
-        line = follower.stdout.readline() if follower.stdout else ""  # arrives within the poll
+        line = follower.line()  # arrives within the poll
         assert "deleted_operator" in line and B in line
+        assert "Traceback" not in follower.stop()
+        assert list(tmp.iterdir()) == []  # its temporary file went with it
     finally:
         follower.kill()
-        follower.wait()
-        if follower.stdout:
-            follower.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
@@ -234,7 +279,7 @@ def test_transcript_limit_is_clamped(
         ["delete", "not-a-uuid", "im"], ["expire", A, "group"], ["delete", A], ["transcript", A, "conference", "--show-content"],
         ["transcript", A, "im", "--show-content", "--before", "x"], ["transcript", A, "im", "--before", "1", "--after", "2", "--show-content"],
         ["sessions", "--limit", "many"], ["sessions", "--cursor", "garbage"], ["events", "--count", "lots"],
-        ["frobnicate"], ["stats", "extra"],
+        ["frobnicate"], ["stats", "extra"], ["--shards", "3", "stats"], ["--namespace", "Not OK", "stats"],
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_without_touching_the_server(
@@ -308,17 +353,19 @@ def test_no_command_prints_content_without_show_content(
     server: EmbeddedValkey, store: ConversationStore, client_binary: str
 ) -> None:
     outputs = []
-    for args in (
-        ["sessions"],
-        ["stats"],
-        ["events", "--count", "100"],
-        ["--json", "sessions"],
-        ["--json", "stats"],
-        ["--json", "events"],
-        ["transcript", A, "im"],
+    for args, code in (
+        (["sessions"], 0),
+        (["stats"], 0),
+        (["events", "--count", "100"], 0),
+        (["--json", "sessions"], 0),
+        (["--json", "stats"], 0),
+        (["--json", "events"], 0),
+        (["transcript", A, "im"], 2),
     ):
         done = gm(server, client_binary, *args)
+        assert done.returncode == code, (args, done.stderr)  # each ran, or was refused
         outputs.append(done.stdout + done.stderr)
+    assert all(out.strip() for out in outputs)
     assert all(MARK not in out and "hunter22" not in out for out in outputs)
 
 
@@ -373,3 +420,190 @@ def test_documented_acl_users_get_what_the_docs_say(client_binary: str) -> None:
     finally:
         server.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the layout and limits the store published (issue 12 item 8) -------------------------
+
+PEOPLE = [avatar(100 + n) for n in range(30)]
+
+
+def _published_prefixes(server: EmbeddedValkey, namespace: str) -> list[str]:
+    raw = server.client().hget("gridmem:namespaces", namespace)
+    assert raw is not None
+    return list(raw.decode().split(" "))
+
+
+def _avatars_by_shard(server: EmbeddedValkey, prefixes: list[str]) -> dict[int, list[str]]:
+    """Which avatar's sessions live in which shard, read from the keys themselves."""
+    found: dict[int, set[str]] = defaultdict(set)
+    for raw in server.client().keys("*:meta"):
+        key = raw.decode()
+        [shard] = [n for n, p in enumerate(prefixes) if key.startswith(p)]
+        found[shard].add(key[len(prefixes[shard]) + 2 :].split(":")[0])
+    return {shard: sorted(found[shard]) for shard in sorted(found)}
+
+
+def _sharded_store(server: EmbeddedValkey, shards: int, max_events: int) -> ConversationStore:
+    """30 residents on IM, the first 6 on public chat too, in a store of its own namespace."""
+    config = ConversationConfig(
+        namespace="ops", shards=shards, limits=Limits(max_events=max_events)
+    )
+    store = ConversationStore(server.client(), config)
+    for who in PEOPLE:
+        store.record(who, "im", AvatarMessage(text=f"{MARK} im"))
+    for who in PEOPLE[:6]:
+        store.record(who, "public", AvatarMessage(text=f"{MARK} public"))
+    return store
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_six_deletes_with_max_events_5_leave_exactly_5_events_in_every_shard(
+    server: EmbeddedValkey, client_binary: str, shards: int
+) -> None:
+    """Regression: delete/expire trimmed the stream to a hard-coded 10,000, not max_events."""
+    # Given a store with max_events = 5 and sessions in every shard (no --shards, no --namespace)
+    store = _sharded_store(server, shards, max_events=5)
+    prefixes = _published_prefixes(server, "ops")
+    by_shard = _avatars_by_shard(server, prefixes)
+    assert sorted(by_shard) == list(range(shards)) and min(map(len, by_shard.values())) >= 6
+    # When the CLI ends six sessions of each shard (deletes and expiries)
+    for who_all in by_shard.values():
+        for i, who in enumerate(who_all[:6]):
+            done = gm(server, client_binary, "delete" if i % 2 else "expire", who, "im")
+            assert done.returncode == 0 and "session of" in done.stdout, done.stderr
+            assert store.context(who, "im") == []
+    # Then every shard's stream holds exactly max_events events, the newest
+    client = server.client()
+    for shard, prefix in enumerate(prefixes):
+        who_all = by_shard[shard]
+        kept = client.xrange(prefix + "events")
+        assert len(kept) == 5
+        assert [f[b"uuid"].decode() for _, f in kept] == who_all[1:6]
+
+
+class ThreeShards(NamedTuple):
+    store: ConversationStore
+    prefixes: list[str]
+    by_shard: dict[int, list[str]]
+    deleted: set[str]  # avatars whose IM session the store deleted: two per shard
+    live: set[tuple[str, str]]  # (avatar, channel) of every live session
+
+
+@pytest.fixture
+def three_shards(server: EmbeddedValkey) -> ThreeShards:
+    """A 3-shard store with sessions in every shard, two of each shard deleted by the store."""
+    store = _sharded_store(server, 3, max_events=50)
+    prefixes = _published_prefixes(server, "ops")
+    by_shard = _avatars_by_shard(server, prefixes)
+    assert sorted(by_shard) == [0, 1, 2]
+    for who_all in by_shard.values():
+        for who in who_all[-2:]:
+            assert store.delete(who, "im")
+    deleted = {who for who_all in by_shard.values() for who in who_all[-2:]}
+    live = {(who, "im") for who in PEOPLE if who not in deleted}
+    live |= {(who, "public") for who in PEOPLE[:6]}
+    return ThreeShards(store, prefixes, by_shard, deleted, live)
+
+
+def test_sessions_and_stats_cover_every_shard(
+    server: EmbeddedValkey, client_binary: str, three_shards: ThreeShards
+) -> None:
+    # sessions: every page, shard after shard, lists each live session once
+    listed: list[tuple[str, str]] = []
+    cursor: str | None = None
+    while True:
+        args = ["--json", "sessions", "--limit", "4"] + (["--cursor", cursor] if cursor else [])
+        done = gm(server, client_binary, *args)
+        assert done.returncode == 0, done.stderr
+        page = json.loads(done.stdout)
+        assert len(page["items"]) <= 4
+        listed += [(i["avatar_uuid"], i["channel"]) for i in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(listed) == sorted(three_shards.live)
+    # stats: the sum of every shard
+    done = gm(server, client_binary, "--json", "stats")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    client = server.client()
+    assert stats["shards"] == 3
+    assert stats["sessions"] == {"public": 6, "im": len(PEOPLE) - len(three_shards.deleted)}
+    assert stats["stored_bytes"] == sum(
+        int(client.hget(p + "stats", "bytes")) for p in three_shards.prefixes
+    )
+    assert stats["events"] == {"deleted_operator": 6} and stats["limits"]["max_events"] == 50
+
+
+def test_events_cover_every_shard(
+    server: EmbeddedValkey, client_binary: str, three_shards: ThreeShards
+) -> None:
+    client = server.client()
+    streams = [
+        (n, entry_id.decode())
+        for n, p in enumerate(three_shards.prefixes)
+        for entry_id, _ in client.xrange(p + "events")
+    ]
+    done = gm(server, client_binary, "--json", "events", "--count", "100")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted((e["shard"], e["id"]) for e in events) == sorted(streams)
+    assert {e["shard"] for e in events} == {0, 1, 2}
+    assert {e["avatar_uuid"] for e in events} == three_shards.deleted
+    order = [(*map(int, e["id"].split("-")), e["shard"]) for e in events]
+    assert order == sorted(order)  # merged oldest first
+    newest = gm(server, client_binary, "--json", "events", "--count", "4")
+    assert [json.loads(line) for line in newest.stdout.splitlines()] == events[-4:]
+
+
+def test_events_follow_every_shard(
+    server: EmbeddedValkey, client_binary: str, three_shards: ThreeShards
+) -> None:
+    tmp = short_tempdir("gm-follow-")
+    follower = Follower(server, client_binary, tmp, "--count", "1")
+    try:
+        assert "deleted_operator" in follower.line()
+        last = [three_shards.by_shard[2][0], three_shards.by_shard[0][0]]
+        for who in last:
+            assert three_shards.store.expire(who, "im")
+        lines = [follower.line(), follower.line()]
+        assert all("expired_operator" in line for line in lines)
+        assert {who for who in last for line in lines if who in line} == set(last)
+        assert "Traceback" not in follower.stop()
+    finally:
+        follower.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["sessions"], ["stats"], ["events"], ["delete", A, "im"], ["expire", A, "im"],
+     ["transcript", A, "im", "--show-content"]],
+)  # fmt: skip
+def test_nothing_published_is_a_clear_error(
+    server: EmbeddedValkey, client_binary: str, args: list[str]
+) -> None:
+    server.client().flushall()  # a server no store has written to
+    done = gm(server, client_binary, *args)
+    assert done.returncode == 1
+    assert "no gridmem store has published its layout" in done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_several_stores_on_one_server(server: EmbeddedValkey, client_binary: str) -> None:
+    for namespace, shards, talkers in (("one", 1, 1), ("two", 2, 3)):
+        store = ConversationStore(
+            server.client(), ConversationConfig(namespace=namespace, shards=shards)
+        )
+        for n in range(talkers):
+            store.record(avatar(n), "im", AvatarMessage(text="hi"))
+    unsure = gm(server, client_binary, "stats")
+    assert unsure.returncode == 1 and "--namespace" in unsure.stderr
+    assert "one" in unsure.stderr and "two" in unsure.stderr
+    for namespace, talkers, shards in (("one", 1, 1), ("two", 3, 2)):
+        done = gm(server, client_binary, "--namespace", namespace, "--json", "stats")
+        assert done.returncode == 0, done.stderr
+        stats = json.loads(done.stdout)
+        assert stats["sessions"]["im"] == talkers and stats["shards"] == shards
+    unknown = gm(server, client_binary, "--namespace", "three", "stats")
+    assert unknown.returncode == 1 and "'three' has published nothing" in unknown.stderr

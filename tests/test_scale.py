@@ -35,11 +35,14 @@ LIMITS = Limits(
 SENDERS = 6000
 RECORDS = 24_000
 SAMPLE_EVERY = 1000
-# Server memory growth over an empty server, as a multiple of max_aggregate_bytes.
-# Measured 2.8x with these small sessions (~680 bytes each): a session's fixed
-# cost (keys, metadata, index entries, about 550 bytes) dominates, and the event
-# stream holds 2,000 events. docs/architecture.md has the breakdown.
-MEMORY_MULTIPLE = 3.5
+# Server memory growth over an empty server (function library loaded), as a
+# multiple of max_aggregate_bytes: README.md and docs/architecture.md document
+# 2.6x for these small sessions (~680 bytes each: a session's fixed cost of keys,
+# metadata and index entries, about 550 bytes, dominates; the event stream holds
+# 2,000 events). Measured 2.60-2.62x; the bound allows the documented figure plus
+# a 5% margin for allocator differences, so a change that costs memory fails here.
+DOCUMENTED_MULTIPLE = 2.6
+MEMORY_MULTIPLE = DOCUMENTED_MULTIPLE * 1.05
 
 
 def _check_bounds(store: ConversationStore, client: Any) -> dict[str, int]:
@@ -69,9 +72,11 @@ def test_six_thousand_senders_stay_within_every_bound(
 ) -> None:
     client = real_servers["valkey"].client()
     client.flushall()
-    baseline = client.info("memory")["used_memory"]
+    client.function_flush()
     clock = ManualClock()
     store = ConversationStore(client, ConversationConfig(limits=LIMITS), clock=clock)
+    store.stats()  # loads the function library: the baseline holds it whatever ran before
+    baseline = client.info("memory")["used_memory"]
     rng = random.Random(5)
     senders = [f"{rng.getrandbits(32):08x}-0000-4000-8000-{n:012x}" for n in range(SENDERS)]
     peak_memory = 0

@@ -14,7 +14,10 @@ Layout (namespace "gm", shard 0):
     gm:{0}:events                       stream  events, exact MAXLEN
     gm:{0}:stats                        hash    bytes: the shard's stored bytes, kept exact
     gm:{0}:restored                     string  generation restored from (snapshots)
-    gm:{0}:limits                       hash    the limits the service runs with (for operators)
+    gm:{0}:limits                       hash    what the shard runs with (for bin/gridmem-cli)
+
+    gridmem:namespaces                  hash    namespace -> its shards' key prefixes: where
+                                                bin/gridmem-cli finds a store (DIRECTORY_KEY)
 
     gm:inbound / gm:outbound / gm:dead  stream  the worker service's stream contract
     {gm:inbound}:ready                  set     conversation keys with inbound entries waiting
@@ -37,6 +40,9 @@ from dataclasses import dataclass
 from worker.records import Channel
 
 SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
+# The one key outside every namespace: the directory of stores on this server,
+# written by publish_layout. bin/gridmem-cli starts from it, so its name is fixed.
+DIRECTORY_KEY = "gridmem:namespaces"
 
 
 def session_member(avatar_uuid: str, channel: Channel) -> str:

@@ -20,7 +20,7 @@ from worker.codec import decode_entries, record_to_entry
 from worker.config import ConversationConfig
 from worker.context import context_messages, turn_view
 from worker.errors import InvalidInput
-from worker.keys import KeySpace
+from worker.keys import DIRECTORY_KEY, KeySpace, ShardKeys
 from worker.prepare import Preparer
 from worker.reads import ReadCall, check_clock, context_read
 from worker.records import (
@@ -67,6 +67,9 @@ Op = Generator[ScriptCall[Any] | ReadCall[Any], Any, T]
 
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
 SWEEP_BATCH = 200
+# A writing store publishes its layout and limits again this often (publish_limits),
+# so a server restarted or flushed behind its back shows them to operators again.
+REPUBLISH_MS = 60_000
 # One export_sessions call reads at most this many sessions or about this many bytes.
 EXPORT_BATCH_SESSIONS = 100
 EXPORT_BATCH_BYTES = 256 << 10
@@ -95,6 +98,9 @@ class Operations:
         self._session_ids = session_ids
         self.prepare = Preparer(config.limits, redactor)
         self._limits_packet = limits_packet(config.limits, config.shards, config.archive_enabled)
+        # Layout and limits are published before this store's first write, then again
+        # every REPUBLISH_MS it writes (publish_limits): monotonic ms of the last time.
+        self._published_at: int | None = None
 
     def _now(self) -> ClockReading:
         """The clock, checked as the scripts check it: a Clock is caller code too, and a
@@ -120,6 +126,10 @@ class Operations:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
+        if self._published_at is None or (
+            self.clock.monotonic_ms() - self._published_at >= REPUBLISH_MS
+        ):
+            yield from self.publish_limits()
         session, shard = self.keys.session(uuid, ch)
         reply = yield self.scripts.record_turn(
             session,
@@ -150,7 +160,13 @@ class Operations:
     def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         session, shard = self.keys.session(uuid, ch)
-        reply = yield context_read(session, shard, ch, self._reading())
+        reply = yield context_read(
+            session,
+            shard,
+            ch,
+            self._reading(),
+            lambda: self.scripts.read_context(session, shard, shard.lru(ch)),
+        )
         if not reply.session_id:
             return []
         return context_messages(reply.summary, reply.entries, reply.session_id)
@@ -272,10 +288,34 @@ class Operations:
         )
 
     def publish_limits(self) -> Op[None]:
-        """Record the configured limits in every shard, for operators' `stats`."""
+        """Publish the layout and limits this store runs with, for bin/gridmem-cli.
+
+        Runs before a store's first write, then at most once a minute while it
+        writes (and at service start), so whatever wrote a session has said where it
+        lives, even after the server lost it. Every shard's limits hash first, then
+        the namespace's entry in the server-wide directory: a CLI that finds the
+        namespace finds everything the entry points to.
+        """
         limits = self.config.limits.model_dump()
         for shard in self.keys.all_shards():
-            yield self.scripts.publish_limits(shard, limits)
+            yield self.scripts.publish_limits(shard, {**limits, **self._shard_bounds(shard)})
+        prefixes = [self.keys.prefix(n) for n in range(self.keys.shards)]
+        yield self.scripts.publish_layout(
+            DIRECTORY_KEY, namespace=self.keys.namespace, prefixes=prefixes
+        )
+        self._published_at = self.clock.monotonic_ms()
+
+    def _shard_bounds(self, shard: ShardKeys) -> dict[str, int]:
+        """What a shard's scripts apply beyond the configured limits, as the CLI needs it."""
+        return {
+            "shard": shard.shard,
+            "shards": self.keys.shards,
+            # the MAXLEN every event-writing call of this store passes for this shard
+            "events_maxlen": self.config.limits.max_events,
+            "page_limit_max": PAGE_LIMIT_MAX,
+            "metadata_limit_max": METADATA_LIMIT_MAX,
+            "events_count_max": EVENTS_COUNT_MAX,
+        }
 
     # -- snapshots -------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from worker.clock import MAX_BOOT_ID_CHARS
 from worker.errors import BadScriptArgument
 from worker.keys import SessionKeys, ShardKeys
 from worker.records import CHANNEL_TTL_MS, Channel
-from worker.scripts import Arg, ClockReading, text
+from worker.scripts import Arg, ClockReading, ScriptCall, text
 
 T = TypeVar("T")
 
@@ -39,11 +39,14 @@ _BOOT_ID = re.compile(r"[A-Za-z0-9_.\-]+")
 class ReadCall(NamedTuple, Generic[T]):
     """Read commands to run in one MULTI/EXEC, and how to read EXEC's replies.
 
-    Always safe to resend: it writes nothing.
+    Always safe to resend: it writes nothing. A full Redis server refuses every
+    command queued in MULTI, reads too; `fallback` then gives a read-only script
+    whose reply is EXEC's, so the read still works at maxmemory.
     """
 
     commands: tuple[tuple[Arg, ...], ...]
     parse: Callable[[list[Any]], T]
+    fallback: Callable[[], ScriptCall[list[Any]]] | None = None
 
 
 class ContextReply(NamedTuple):
@@ -121,11 +124,16 @@ def check_clock(reading: ClockReading) -> None:
 
 
 def context_read(
-    session: SessionKeys, shard: ShardKeys, channel: Channel, reading: ClockReading
+    session: SessionKeys,
+    shard: ShardKeys,
+    channel: Channel,
+    reading: ClockReading,
+    fallback: Callable[[], ScriptCall[list[Any]]] | None = None,
 ) -> ReadCall[ContextReply]:
     """Session id, summary and live entries (oldest first) of one session, or none.
 
-    An idle-expired session reads as none: reading is never activity.
+    An idle-expired session reads as none: reading is never activity. `fallback`
+    is lua/read_context.lua's call, the same reads for a server that is full.
     """
     check_clock(reading)
     ttl_ms = CHANNEL_TTL_MS[channel]
@@ -145,4 +153,5 @@ def context_read(
             ("ZRANGE", session.turns, 0, -1),
         ),
         parse,
+        fallback,
     )

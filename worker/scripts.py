@@ -35,6 +35,7 @@ Arg = str | int | bytes
 SCRIPT_NAMES: tuple[str, ...] = (
     "record_turn",
     "read_page",
+    "read_context",
     "list_metadata",
     "sweep_idle",
     "delete_session",
@@ -46,6 +47,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "read_receipt",
     "read_stats",
     "publish_limits",
+    "publish_layout",
     "ensure_group",
     "take_inbound",
     "claim_key",
@@ -621,6 +623,13 @@ class Scripts:
             _parse_receipt,
         )
 
+    def read_context(
+        self, session: SessionKeys, shard: ShardKeys, lru: str
+    ) -> ScriptCall[list[Any]]:
+        """context()'s reads in one read-only function: its fallback on a full server."""
+        keys = (session.meta, shard.clock, lru, session.summary, session.turns)
+        return self._call("read_context", keys, (session.member,), list)
+
     def read_stats(self, shard: ShardKeys) -> ScriptCall[StatsReply]:
         return self._call(
             "read_stats",
@@ -632,6 +641,11 @@ class Scripts:
     def publish_limits(self, shard: ShardKeys, limits: dict[str, int]) -> ScriptCall[int]:
         pairs = [str(x) for kv in sorted(limits.items()) for x in kv]
         return self._call("publish_limits", (shard.limits,), pairs, int)
+
+    def publish_layout(
+        self, directory: str, *, namespace: str, prefixes: Sequence[str]
+    ) -> ScriptCall[int]:
+        return self._call("publish_layout", (directory,), (namespace, *prefixes), int)
 
     def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
         return self._call(

@@ -216,7 +216,7 @@ class ConversationStore:
         return self._drive(self._ops.stats())
 
     def publish_limits(self) -> None:
-        """Record the configured limits in Redis, where `bin/gridmem-cli stats` shows them."""
+        """Publish layout and limits for bin/gridmem-cli (also done before a first write)."""
         self._drive(self._ops.publish_limits())
 
     def flush(self) -> SnapshotInfo | None:
@@ -376,6 +376,10 @@ class ConversationStore:
                 replies = self._transaction(call.commands)
             except RETRYABLE:
                 replies = self._retrying(self._transaction, call.commands)
+            except redis.OutOfMemoryError:
+                if call.fallback is None:
+                    raise
+                replies = self._run(call.fallback())  # full Redis: no MULTI, reads too
             return call.parse(replies)
         try:
             try:
@@ -575,6 +579,10 @@ class AsyncConversationStore:
                 replies = await self._transaction(call.commands)
             except RETRYABLE:
                 replies = await self._retrying.copy()(self._transaction, call.commands)
+            except redis.OutOfMemoryError:
+                if call.fallback is None:
+                    raise
+                replies = await self._run(call.fallback())  # full Redis: no MULTI, reads too
             return call.parse(replies)
         try:
             try:

@@ -1,0 +1,28 @@
+-- publish_layout: record where a store's keys live, in the server-wide directory
+-- that bin/gridmem-cli starts from (DESIGN section 12): the CLI reads the namespace
+-- and every shard's key prefix here instead of re-encoding the key layout.
+-- A namespace is listed once; publishing it again replaces its entry.
+-- KEYS[1] = gridmem:namespaces  (hash)  namespace -> its shards' key prefixes, space-separated
+-- ARGV[1] = namespace (lowercase letters, digits, _ and -; 1-32)
+-- ARGV[2..] = the key prefix of shard 0, 1, ...: '<namespace>:{<tag>}:' each
+-- Returns: the number of shards recorded
+-- Flags:   none (writes: refused whole while the server is out of memory)
+-- Errors:  "GM_BADARG <field>" on a malformed argument
+
+local namespace = arg_str('namespace', ARGV[1], '^[%l%d_%-]+$')
+if #namespace > 32 then bad_field = bad_field or 'namespace' end
+if #ARGV < 2 then bad_field = bad_field or 'prefixes' end
+local prefixes = {}
+for i = 2, #ARGV do
+  -- the namespace, then one hash tag: a prefix can name no key outside its store
+  local prefix = arg_str('prefix', ARGV[i], '^[%l%d_%-]+:{[^{}%s]+}:$')
+  if string.sub(prefix, 1, #namespace + 1) ~= namespace .. ':' then
+    bad_field = bad_field or 'prefix'
+  end
+  prefixes[#prefixes + 1] = prefix
+end
+local err = arg_error()
+if err then return err end
+
+redis.call('HSET', KEYS[1], namespace, table.concat(prefixes, ' '))
+return #prefixes

@@ -1,0 +1,159 @@
+"""What a store publishes for bin/gridmem-cli: its layout and the bounds it applies.
+
+Issue 12 item 8: the CLI trimmed the event stream to a hard-coded 10,000 and read
+shard 0 only, because it re-encoded what the store knows. Now the store
+publishes its namespace and every shard's key prefix (the directory
+`gridmem:namespaces`) and each shard's limits and bounds, before its first
+write; the CLI reads them (tests/test_operator_cli.py runs it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from tests.conftest import CommandCounter
+from tests.helpers import avatar
+from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
+from worker.errors import BadScriptArgument
+from worker.scripts import load_scripts
+from worker.store import translate
+
+SCRIPTS = load_scripts()
+DIRECTORY = "gridmem:namespaces"  # the one name bin/gridmem-cli knows (docs/operations.md)
+MINUTE_MS = 60_000  # docs/operations.md: a writing store publishes again each minute
+
+
+def _decoded(mapping: dict[Any, Any]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in mapping.items()}
+
+
+def _sessions_by_prefix(redis: redis_py.Redis, prefixes: list[str]) -> dict[str, list[str]]:
+    """Which avatars live under which published prefix, read from the keys themselves."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for raw in redis.keys("*:meta"):
+        key = raw.decode()
+        [prefix] = [p for p in prefixes if key.startswith(p)]
+        found[prefix].append(key[len(prefix) + 2 :].split(":")[0])
+    return found
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_first_write_publishes_layout_and_limits(make_store: Any, redis: Any, shards: int) -> None:
+    # Given a store with a namespace of its own and limits of its own
+    limits = Limits(max_events=4, max_turns_per_session=7)
+    store = make_store(ConversationConfig(namespace="pub", shards=shards, limits=limits))
+    assert not redis.exists(DIRECTORY)  # nothing before the first write
+    # When it records for the first time
+    store.record(avatar(1), "im", AvatarMessage(text="hi"))
+    # Then the directory names its shards' prefixes: distinct, of this namespace, one hash tag
+    prefixes = _decoded(redis.hgetall(DIRECTORY))["pub"].split(" ")
+    assert len(prefixes) == shards == len(set(prefixes))
+    assert all(re.fullmatch(r"pub:\{[^{}\s]+\}:", p) for p in prefixes)
+    # and every shard's limits hash holds the configured limits and its place
+    for n, prefix in enumerate(prefixes):
+        published = _decoded(redis.hgetall(prefix + "limits"))
+        assert published["max_events"] == "4" and published["max_turns_per_session"] == "7"
+        assert published["max_active_sessions"] == str(limits.max_active_sessions)
+        assert published["shards"] == str(shards) and published["shard"] == str(n)
+        assert {"events_maxlen", "page_limit_max", "metadata_limit_max", "events_count_max"} <= set(
+            published
+        )
+    # and the session it wrote lives under one of the published prefixes
+    assert sum(len(v) for v in _sessions_by_prefix(redis, prefixes).values()) == 1
+
+
+def test_published_events_maxlen_is_the_bound_the_streams_keep(make_store: Any, redis: Any) -> None:
+    """The CLI trims with events_maxlen: it must be what the store's own deletes trim to."""
+    store = make_store(ConversationConfig(namespace="pub", shards=3, limits=Limits(max_events=4)))
+    people = [avatar(n) for n in range(40)]
+    for who in people:
+        store.record(who, "im", AvatarMessage(text="hi"))
+    prefixes = _decoded(redis.hgetall(DIRECTORY))["pub"].split(" ")
+    by_prefix = _sessions_by_prefix(redis, prefixes)
+    for prefix in prefixes:
+        assert len(by_prefix[prefix]) >= 6  # enough deletes in every shard to pass the bound
+        for who in by_prefix[prefix][:6]:
+            assert store.delete(who, "im")
+        published = int(redis.hget(prefix + "limits", "events_maxlen"))
+        assert redis.xlen(prefix + "events") == published == 4
+
+
+def test_published_once_per_store(
+    make_store: Any, redis: Any, command_counter: CommandCounter
+) -> None:
+    store: ConversationStore = make_store(ConversationConfig(shards=3))
+    store.record(avatar(1), "im", AvatarMessage(text="first"))
+    first = [c for c in command_counter.commands if c != "<connection>"]
+    # 3 shards' limits, the directory, the record (plus one FCALL that found no library)
+    assert first.count("FCALL") - first.count("FUNCTION") == 3 + 1 + 1
+    command_counter.commands.clear()
+    store.record(avatar(2), "im", AvatarMessage(text="second"))
+    assert [c for c in command_counter.commands if c != "<connection>"] == ["FCALL"]
+
+
+def test_a_writing_store_publishes_again_after_the_server_lost_it(
+    make_store: Any, redis: Any, clock: ManualClock
+) -> None:
+    """A server restarted or flushed behind the store's back shows the layout again."""
+    store = make_store(ConversationConfig(namespace="pub"))
+    store.record(avatar(1), "im", AvatarMessage(text="hi"))
+    redis.flushall()
+    clock.advance(MINUTE_MS - 1)
+    store.record(avatar(1), "im", AvatarMessage(text="still within the minute"))
+    assert not redis.exists(DIRECTORY)
+    clock.advance(1)
+    store.record(avatar(1), "im", AvatarMessage(text="a minute on"))
+    assert _decoded(redis.hgetall(DIRECTORY)) == {"pub": "pub:{0}:"}
+    assert redis.hget("pub:{0}:limits", "events_maxlen") == str(Limits().max_events).encode()
+
+
+def test_two_stores_share_the_directory(make_store: Any, redis: Any) -> None:
+    make_store(ConversationConfig(namespace="one")).record(avatar(1), "im", AvatarMessage(text="a"))
+    make_store(ConversationConfig(namespace="two", shards=2)).record(
+        avatar(1), "im", AvatarMessage(text="b")
+    )
+    directory = _decoded(redis.hgetall(DIRECTORY))
+    assert set(directory) == {"one", "two"}
+    assert len(directory["one"].split(" ")) == 1 and len(directory["two"].split(" ")) == 2
+
+
+# -- publish_layout.lua directly ---------------------------------------------------------
+
+
+def _publish(redis: redis_py.Redis, *args: str) -> Any:
+    try:
+        return redis.eval(SCRIPTS["publish_layout"].source, 1, DIRECTORY, *args)
+    except redis_py.ResponseError as exc:
+        raise translate(exc) from None
+
+
+def test_publish_layout_returns_the_shard_count_and_replaces_its_entry(redis: Any) -> None:
+    assert _publish(redis, "gm", "gm:{0}:", "gm:{1}:") == 2
+    assert _publish(redis, "other", "other:{a}:") == 1
+    assert _publish(redis, "gm", "gm:{7}:") == 1
+    assert _decoded(redis.hgetall(DIRECTORY)) == {"gm": "gm:{7}:", "other": "other:{a}:"}
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["gm"], "prefixes"),
+        (["GM", "GM:{0}:"], "namespace"),
+        (["n" * 33, "n" * 33 + ":{0}:"], "namespace"),
+        (["gm", "other:{0}:"], "prefix"),  # a prefix of another store
+        (["gm", "gm:0:"], "prefix"),  # no hash tag
+        (["gm", "gm:{0} gm:{1}:"], "prefix"),  # would split into two
+        (["gm", "gm:{0}:", ""], "prefix"),
+    ],
+)
+def test_publish_layout_refuses_malformed_arguments(
+    redis: Any, args: list[str], field: str
+) -> None:
+    with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}$"):
+        _publish(redis, *args)
+    assert not redis.exists(DIRECTORY)
