@@ -1,13 +1,14 @@
--- publish_layout: record where a store's keys live, in the server-wide directory
--- that bin/gridmem-cli starts from (DESIGN section 12): the CLI reads the namespace
--- and every shard's key prefix here instead of re-encoding the key layout.
--- A namespace is listed once; publishing it again replaces its entry.
--- KEYS[1] = gridmem:namespaces  (hash)  namespace -> its shards' key prefixes, space-separated
+-- publish_layout: record where a store's keys live, in the namespace's layout hash
+-- that bin/gridmem-cli starts from (DESIGN section 12): the CLI reads every shard's
+-- key prefix here instead of re-encoding the key layout.
+-- Publishing again replaces the entry.
+-- KEYS[1] = gm:layout  (hash)  namespace -> its shards' key prefixes, space-separated
 -- ARGV[1] = namespace (lowercase letters, digits, _ and -; 1-32)
 -- ARGV[2..] = the key prefix of shard 0, 1, ...: '<namespace>:{<tag>}:' each
 -- Returns: the number of shards recorded
 -- Flags:   none (writes: refused whole while the server is out of memory)
--- Errors:  "GM_BADARG <field>" on a malformed argument
+-- Errors:  "GM_BADARG <field>" on a malformed argument; "GM_BADARG key" when KEYS[1] is
+--          not '<namespace>:layout'
 
 local namespace = arg_str('namespace', ARGV[1], '^[%l%d_%-]+$')
 if #namespace > 32 then bad_field = bad_field or 'namespace' end
@@ -21,6 +22,8 @@ for i = 2, #ARGV do
   end
   prefixes[#prefixes + 1] = prefix
 end
+-- the layout lives inside its namespace, as every key does (DESIGN section 3)
+if KEYS[1] ~= namespace .. ':layout' then bad_field = bad_field or 'key' end
 local err = arg_error()
 if err then return err end
 

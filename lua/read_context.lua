@@ -10,18 +10,23 @@
 -- KEYS[4] = gm:{shard}:s:<uuid>:<ch>:summary  (string)  factual summary
 -- KEYS[5] = gm:{shard}:s:<uuid>:<ch>:turns    (zset)    transcript, score = seq
 -- ARGV[1] = member '<uuid>:<channel>' of the session
--- Returns: {session id or nil, {boot, offset, last, wall}, last activity or nil,
+-- ARGV[2..] = the clock hash fields to read (1-8; worker/reads.py clock_fields), so
+--           this read and the MULTI/EXEC one ask for the same fields
+-- Returns: {session id or nil, {clock field values, each or nil}, last activity or nil,
 --           summary or nil, {entry, ...}}
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
 local member = arg_member('member', ARGV[1])
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = arg_str('clock_field', ARGV[i], '^[%w_.:%-]+$') end
+if #fields < 1 or #fields > 8 then bad_field = bad_field or 'clock_field' end
 local err = arg_error()
 if err then return err end
 
 return {
   redis.call('HGET', KEYS[1], 'sid'),
-  redis.call('HMGET', KEYS[2], 'boot', 'offset', 'last', 'wall'),
+  redis.call('HMGET', KEYS[2], unpack(fields)),
   redis.call('ZSCORE', KEYS[3], member),
   redis.call('GET', KEYS[4]),
   redis.call('ZRANGE', KEYS[5], 0, -1),

@@ -39,7 +39,7 @@ from worker import (
 from worker.embedded import EmbeddedValkey, cli_binary
 from worker.errors import BadScriptArgument
 from worker.keys import KeySpace
-from worker.reads import context_read
+from worker.reads import clock_fields, context_read
 from worker.scripts import load_scripts
 from worker.store import AsyncConversationStore, translate
 
@@ -232,7 +232,9 @@ def test_the_read_context_fallback_replies_as_exec_does(
         for reading in (ops._now(), ops._now()._replace(boot="another-boot")):
             call = context_read(
                 session, shard, channel, reading,
-                lambda s=session, sh=shard, c=channel: ops.scripts.read_context(s, sh, sh.lru(c)),
+                lambda s=session, sh=shard, c=channel, r=reading: ops.scripts.read_context(
+                    s, sh, sh.lru(c), clock_fields(r.boot)
+                ),
             )  # fmt: skip
             assert call.fallback is not None
             exec_replies = store._transaction(call.commands)
@@ -281,6 +283,20 @@ def test_read_context_refuses_a_malformed_member(redis: redis_py.Redis) -> None:
     for member in ("", "not-a-member", f"{TALKERS[0]}:group", f"{TALKERS[0].upper()}:im"):
         with pytest.raises(BadScriptArgument, match=r"GM_BADARG member$"):
             try:
-                redis.eval(scripts["read_context"].source, len(keys), *keys, member)
+                redis.eval(scripts["read_context"].source, len(keys), *keys, member, "last")
             except redis_py.ResponseError as exc:
                 raise translate(exc) from None
+
+
+@pytest.mark.parametrize("fields", [(), ("last",) * 9, ("last", "o:bad boot"), ("",)])
+def test_read_context_refuses_malformed_clock_fields(
+    redis: redis_py.Redis, fields: tuple[str, ...]
+) -> None:
+    scripts = load_scripts()
+    session, shard = KeySpace().session(TALKERS[0], Channel.IM)
+    keys = (session.meta, shard.clock, shard.lru_im, session.summary, session.turns)
+    with pytest.raises(BadScriptArgument, match=r"GM_BADARG clock_field$"):
+        try:
+            redis.eval(scripts["read_context"].source, len(keys), *keys, session.member, *fields)
+        except redis_py.ResponseError as exc:
+            raise translate(exc) from None

@@ -288,7 +288,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "read_page": s.read_page(
             SESSION, SHARD, SHARD.lru_public, clock, anchor=None, direction="forward", limit=1
         ),
-        "read_context": s.read_context(SESSION, SHARD, SHARD.lru_public),
+        "read_context": s.read_context(SESSION, SHARD, SHARD.lru_public, ("last", "wall")),
         "list_metadata": s.list_metadata(SHARD, clock, after="", limit=1),
         "sweep_idle": s.sweep_idle(SHARD, clock, batch=1, max_events=1),
         "delete_session": s.delete_session(
@@ -305,7 +305,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "read_receipt": s.read_receipt(SESSION, SHARD, SHARD.lru_public, clock, key="k"),
         "read_stats": s.read_stats(SHARD),
         "publish_limits": s.publish_limits(SHARD, {"max_events": 5}),
-        "publish_layout": s.publish_layout("gridmem:namespaces", namespace="gm", prefixes=["gm:{0}:"]),
+        "publish_layout": s.publish_layout("gm:layout", namespace="gm", prefixes=["gm:{0}:"]),
         "ensure_group": s.ensure_group(SERVICE, group="g"),
         "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
         "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1, token="t"),

@@ -428,7 +428,7 @@ PEOPLE = [avatar(100 + n) for n in range(30)]
 
 
 def _published_prefixes(server: EmbeddedValkey, namespace: str) -> list[str]:
-    raw = server.client().hget("gridmem:namespaces", namespace)
+    raw = server.client().hget(f"{namespace}:layout", namespace)
     assert raw is not None
     return list(raw.decode().split(" "))
 
@@ -444,10 +444,8 @@ def _avatars_by_shard(server: EmbeddedValkey, prefixes: list[str]) -> dict[int, 
 
 
 def _sharded_store(server: EmbeddedValkey, shards: int, max_events: int) -> ConversationStore:
-    """30 residents on IM, the first 6 on public chat too, in a store of its own namespace."""
-    config = ConversationConfig(
-        namespace="ops", shards=shards, limits=Limits(max_events=max_events)
-    )
+    """30 residents on IM, the first 6 on public chat too, in the default namespace (the CLI needs no --namespace)."""
+    config = ConversationConfig(namespace="gm", shards=shards, limits=Limits(max_events=max_events))
     store = ConversationStore(server.client(), config)
     for who in PEOPLE:
         store.record(who, "im", AvatarMessage(text=f"{MARK} im"))
@@ -463,7 +461,7 @@ def test_six_deletes_with_max_events_5_leave_exactly_5_events_in_every_shard(
     """Regression: delete/expire trimmed the stream to a hard-coded 10,000, not max_events."""
     # Given a store with max_events = 5 and sessions in every shard (no --shards, no --namespace)
     store = _sharded_store(server, shards, max_events=5)
-    prefixes = _published_prefixes(server, "ops")
+    prefixes = _published_prefixes(server, "gm")
     by_shard = _avatars_by_shard(server, prefixes)
     assert sorted(by_shard) == list(range(shards)) and min(map(len, by_shard.values())) >= 6
     # When the CLI ends six sessions of each shard (deletes and expiries)
@@ -493,7 +491,7 @@ class ThreeShards(NamedTuple):
 def three_shards(server: EmbeddedValkey) -> ThreeShards:
     """A 3-shard store with sessions in every shard, two of each shard deleted by the store."""
     store = _sharded_store(server, 3, max_events=50)
-    prefixes = _published_prefixes(server, "ops")
+    prefixes = _published_prefixes(server, "gm")
     by_shard = _avatars_by_shard(server, prefixes)
     assert sorted(by_shard) == [0, 1, 2]
     for who_all in by_shard.values():
@@ -586,7 +584,7 @@ def test_nothing_published_is_a_clear_error(
     server.client().flushall()  # a server no store has written to
     done = gm(server, client_binary, *args)
     assert done.returncode == 1
-    assert "no gridmem store has published its layout" in done.stderr
+    assert "no gridmem store with namespace 'gm' has published its layout" in done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr
 
 
@@ -597,13 +595,13 @@ def test_several_stores_on_one_server(server: EmbeddedValkey, client_binary: str
         )
         for n in range(talkers):
             store.record(avatar(n), "im", AvatarMessage(text="hi"))
+    # the default namespace (gm) has published nothing here: the error says how to pick one
     unsure = gm(server, client_binary, "stats")
-    assert unsure.returncode == 1 and "--namespace" in unsure.stderr
-    assert "one" in unsure.stderr and "two" in unsure.stderr
+    assert unsure.returncode == 1 and "--namespace" in unsure.stderr and "'gm'" in unsure.stderr
     for namespace, talkers, shards in (("one", 1, 1), ("two", 3, 2)):
         done = gm(server, client_binary, "--namespace", namespace, "--json", "stats")
         assert done.returncode == 0, done.stderr
         stats = json.loads(done.stdout)
         assert stats["sessions"]["im"] == talkers and stats["shards"] == shards
     unknown = gm(server, client_binary, "--namespace", "three", "stats")
-    assert unknown.returncode == 1 and "'three' has published nothing" in unknown.stderr
+    assert unknown.returncode == 1 and "namespace 'three' has published" in unknown.stderr

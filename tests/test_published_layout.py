@@ -2,8 +2,7 @@
 
 Issue 12 item 8: the CLI trimmed the event stream to a hard-coded 10,000 and read
 shard 0 only, because it re-encoded what the store knows. Now the store
-publishes its namespace and every shard's key prefix (the directory
-`gridmem:namespaces`) and each shard's limits and bounds, before its first
+publishes every shard's key prefix (the hash `<namespace>:layout`) and each shard's limits and bounds, before its first
 write; the CLI reads them (tests/test_operator_cli.py runs it).
 """
 
@@ -24,7 +23,6 @@ from worker.scripts import load_scripts
 from worker.store import translate
 
 SCRIPTS = load_scripts()
-DIRECTORY = "gridmem:namespaces"  # the one name bin/gridmem-cli knows (docs/operations.md)
 MINUTE_MS = 60_000  # docs/operations.md: a writing store publishes again each minute
 
 
@@ -47,11 +45,11 @@ def test_first_write_publishes_layout_and_limits(make_store: Any, redis: Any, sh
     # Given a store with a namespace of its own and limits of its own
     limits = Limits(max_events=4, max_turns_per_session=7)
     store = make_store(ConversationConfig(namespace="pub", shards=shards, limits=limits))
-    assert not redis.exists(DIRECTORY)  # nothing before the first write
+    assert not redis.exists("pub:layout")  # nothing before the first write
     # When it records for the first time
     store.record(avatar(1), "im", AvatarMessage(text="hi"))
-    # Then the directory names its shards' prefixes: distinct, of this namespace, one hash tag
-    prefixes = _decoded(redis.hgetall(DIRECTORY))["pub"].split(" ")
+    # Then the layout names its shards' prefixes: distinct, of this namespace, one hash tag
+    prefixes = _decoded(redis.hgetall("pub:layout"))["pub"].split(" ")
     assert len(prefixes) == shards == len(set(prefixes))
     assert all(re.fullmatch(r"pub:\{[^{}\s]+\}:", p) for p in prefixes)
     # and every shard's limits hash holds the configured limits and its place
@@ -73,7 +71,7 @@ def test_published_events_maxlen_is_the_bound_the_streams_keep(make_store: Any, 
     people = [avatar(n) for n in range(40)]
     for who in people:
         store.record(who, "im", AvatarMessage(text="hi"))
-    prefixes = _decoded(redis.hgetall(DIRECTORY))["pub"].split(" ")
+    prefixes = _decoded(redis.hgetall("pub:layout"))["pub"].split(" ")
     by_prefix = _sessions_by_prefix(redis, prefixes)
     for prefix in prefixes:
         assert len(by_prefix[prefix]) >= 6  # enough deletes in every shard to pass the bound
@@ -89,7 +87,7 @@ def test_published_once_per_store(
     store: ConversationStore = make_store(ConversationConfig(shards=3))
     store.record(avatar(1), "im", AvatarMessage(text="first"))
     first = [c for c in command_counter.commands if c != "<connection>"]
-    # 3 shards' limits, the directory, the record (plus one FCALL that found no library)
+    # 3 shards' limits, the layout, the record (plus one FCALL that found no library)
     assert first.count("FCALL") - first.count("FUNCTION") == 3 + 1 + 1
     command_counter.commands.clear()
     store.record(avatar(2), "im", AvatarMessage(text="second"))
@@ -105,21 +103,22 @@ def test_a_writing_store_publishes_again_after_the_server_lost_it(
     redis.flushall()
     clock.advance(MINUTE_MS - 1)
     store.record(avatar(1), "im", AvatarMessage(text="still within the minute"))
-    assert not redis.exists(DIRECTORY)
+    assert not redis.exists("pub:layout")
     clock.advance(1)
     store.record(avatar(1), "im", AvatarMessage(text="a minute on"))
-    assert _decoded(redis.hgetall(DIRECTORY)) == {"pub": "pub:{0}:"}
+    assert _decoded(redis.hgetall("pub:layout")) == {"pub": "pub:{0}:"}
     assert redis.hget("pub:{0}:limits", "events_maxlen") == str(Limits().max_events).encode()
 
 
-def test_two_stores_share_the_directory(make_store: Any, redis: Any) -> None:
+def test_two_stores_on_one_server_each_publish_their_own_layout(
+    make_store: Any, redis: Any
+) -> None:
     make_store(ConversationConfig(namespace="one")).record(avatar(1), "im", AvatarMessage(text="a"))
     make_store(ConversationConfig(namespace="two", shards=2)).record(
         avatar(1), "im", AvatarMessage(text="b")
     )
-    directory = _decoded(redis.hgetall(DIRECTORY))
-    assert set(directory) == {"one", "two"}
-    assert len(directory["one"].split(" ")) == 1 and len(directory["two"].split(" ")) == 2
+    assert _decoded(redis.hgetall("one:layout")) == {"one": "one:{0}:"}
+    assert _decoded(redis.hgetall("two:layout")) == {"two": "two:{0}: two:{1}:"}
 
 
 # -- publish_layout.lua directly ---------------------------------------------------------
@@ -127,7 +126,8 @@ def test_two_stores_share_the_directory(make_store: Any, redis: Any) -> None:
 
 def _publish(redis: redis_py.Redis, *args: str) -> Any:
     try:
-        return redis.eval(SCRIPTS["publish_layout"].source, 1, DIRECTORY, *args)
+        key = f"{args[0]}:layout" if args else ":layout"
+        return redis.eval(SCRIPTS["publish_layout"].source, 1, key, *args)
     except redis_py.ResponseError as exc:
         raise translate(exc) from None
 
@@ -136,7 +136,8 @@ def test_publish_layout_returns_the_shard_count_and_replaces_its_entry(redis: An
     assert _publish(redis, "gm", "gm:{0}:", "gm:{1}:") == 2
     assert _publish(redis, "other", "other:{a}:") == 1
     assert _publish(redis, "gm", "gm:{7}:") == 1
-    assert _decoded(redis.hgetall(DIRECTORY)) == {"gm": "gm:{7}:", "other": "other:{a}:"}
+    assert _decoded(redis.hgetall("gm:layout")) == {"gm": "gm:{7}:"}
+    assert _decoded(redis.hgetall("other:layout")) == {"other": "other:{a}:"}
 
 
 @pytest.mark.parametrize(
@@ -156,4 +157,17 @@ def test_publish_layout_refuses_malformed_arguments(
 ) -> None:
     with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}$"):
         _publish(redis, *args)
-    assert not redis.exists(DIRECTORY)
+    assert redis.keys("*") == []
+
+
+@pytest.mark.parametrize(
+    "key", ["other:layout", "gm:layouts", "gridmem:namespaces", "gm:{0}:layout"]
+)
+def test_publish_layout_writes_only_its_namespace_layout(redis: Any, key: str) -> None:
+    """Every key lives inside its namespace (DESIGN section 3), so an ACL of `~gm:*` covers it."""
+    with pytest.raises(BadScriptArgument, match=r"GM_BADARG key$"):
+        try:
+            redis.eval(SCRIPTS["publish_layout"].source, 1, key, "gm", "gm:{0}:")
+        except redis_py.ResponseError as exc:
+            raise translate(exc) from None
+    assert redis.keys("*") == []

@@ -16,8 +16,8 @@ Layout (namespace "gm", shard 0):
     gm:{0}:restored                     string  generation restored from (snapshots)
     gm:{0}:limits                       hash    what the shard runs with (for bin/gridmem-cli)
 
-    gridmem:namespaces                  hash    namespace -> its shards' key prefixes: where
-                                                bin/gridmem-cli finds a store (DIRECTORY_KEY)
+    gm:layout                           hash    namespace -> its shards' key prefixes: where
+                                                bin/gridmem-cli finds the store (KeySpace.layout)
 
     gm:inbound / gm:outbound / gm:dead  stream  the worker service's stream contract
     {gm:inbound}:ready                  set     conversation keys with inbound entries waiting
@@ -40,9 +40,6 @@ from dataclasses import dataclass
 from worker.records import Channel
 
 SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
-# The one key outside every namespace: the directory of stores on this server,
-# written by publish_layout. bin/gridmem-cli starts from it, so its name is fixed.
-DIRECTORY_KEY = "gridmem:namespaces"
 
 
 def session_member(avatar_uuid: str, channel: Channel) -> str:
@@ -104,6 +101,12 @@ class KeySpace:
         self._shard_keys = tuple(self._build_shard(n) for n in range(shards))
         # every call names a session's keys; the same residents talk again and again
         self.session = functools.lru_cache(maxsize=4096)(self._session)  # type: ignore[method-assign]
+
+    @property
+    def layout(self) -> str:
+        """Where the store says where its shards live (publish_layout); bin/gridmem-cli
+        starts here. Inside the namespace, as every key is, so an ACL of `~gm:*` covers it."""
+        return f"{self.namespace}:layout"
 
     def prefix(self, shard: int) -> str:
         return f"{self.namespace}:{{{shard}}}:"

@@ -20,9 +20,9 @@ from worker.codec import decode_entries, record_to_entry
 from worker.config import ConversationConfig
 from worker.context import context_messages, turn_view
 from worker.errors import InvalidInput
-from worker.keys import DIRECTORY_KEY, KeySpace, ShardKeys
+from worker.keys import KeySpace, ShardKeys
 from worker.prepare import Preparer
-from worker.reads import ReadCall, check_clock, context_read
+from worker.reads import ReadCall, check_clock, clock_fields, context_read
 from worker.records import (
     Channel,
     ContextMessage,
@@ -160,12 +160,15 @@ class Operations:
     def context(self, avatar_uuid: object, channel: object) -> Op[list[ContextMessage]]:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         session, shard = self.keys.session(uuid, ch)
+        reading = self._reading()
         reply = yield context_read(
             session,
             shard,
             ch,
-            self._reading(),
-            lambda: self.scripts.read_context(session, shard, shard.lru(ch)),
+            reading,
+            lambda: self.scripts.read_context(
+                session, shard, shard.lru(ch), clock_fields(reading.boot)
+            ),
         )
         if not reply.session_id:
             return []
@@ -293,15 +296,15 @@ class Operations:
         Runs before a store's first write, then at most once a minute while it
         writes (and at service start), so whatever wrote a session has said where it
         lives, even after the server lost it. Every shard's limits hash first, then
-        the namespace's entry in the server-wide directory: a CLI that finds the
-        namespace finds everything the entry points to.
+        the namespace's layout entry: a CLI that finds the layout finds everything
+        it points to.
         """
         limits = self.config.limits.model_dump()
         for shard in self.keys.all_shards():
             yield self.scripts.publish_limits(shard, {**limits, **self._shard_bounds(shard)})
         prefixes = [self.keys.prefix(n) for n in range(self.keys.shards)]
         yield self.scripts.publish_layout(
-            DIRECTORY_KEY, namespace=self.keys.namespace, prefixes=prefixes
+            self.keys.layout, namespace=self.keys.namespace, prefixes=prefixes
         )
         self._published_at = self.clock.monotonic_ms()
 

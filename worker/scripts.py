@@ -624,11 +624,15 @@ class Scripts:
         )
 
     def read_context(
-        self, session: SessionKeys, shard: ShardKeys, lru: str
+        self, session: SessionKeys, shard: ShardKeys, lru: str, clock_fields: Sequence[str]
     ) -> ScriptCall[list[Any]]:
-        """context()'s reads in one read-only function: its fallback on a full server."""
+        """context()'s reads in one read-only function: its fallback on a full server.
+
+        `clock_fields` are the clock hash fields the MULTI/EXEC read asks for
+        (reads.clock_fields), passed on so the two reads cannot drift apart.
+        """
         keys = (session.meta, shard.clock, lru, session.summary, session.turns)
-        return self._call("read_context", keys, (session.member,), list)
+        return self._call("read_context", keys, (session.member, *clock_fields), list)
 
     def read_stats(self, shard: ShardKeys) -> ScriptCall[StatsReply]:
         return self._call(
@@ -643,9 +647,9 @@ class Scripts:
         return self._call("publish_limits", (shard.limits,), pairs, int)
 
     def publish_layout(
-        self, directory: str, *, namespace: str, prefixes: Sequence[str]
+        self, layout: str, *, namespace: str, prefixes: Sequence[str]
     ) -> ScriptCall[int]:
-        return self._call("publish_layout", (directory,), (namespace, *prefixes), int)
+        return self._call("publish_layout", (layout,), (namespace, *prefixes), int)
 
     def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
         return self._call(
