@@ -122,6 +122,37 @@ def test_a_summary_cut_never_leaves_the_shape_of_a_key() -> None:
     assert key_shape not in line and redact(line)[0] == line
 
 
+def test_a_secret_formed_by_joining_lines_costs_only_the_secret() -> None:
+    """Regression: a fold that formed a match stored the summary line (240 bytes) instead.
+
+    The summary joins a record's lines; "password\n= x" becomes an assignment there.
+    The stored text is joined and redacted, and everything else of it is kept.
+    """
+    story = " and a long story follows." * 40
+    text = "hello there\nmy password\n= hunter2xyz\n" + story
+    assert redact(text) == (text, 0)  # across lines: no assignment as sent
+    out, count, truncated = Preparer(Limits(), DEFAULT_REDACTOR).text(
+        text, "text", 8192, AVATAR_HEAD
+    )
+    assert "hunter2xyz" not in out and count == 1 and not truncated
+    assert out.endswith(story) and out.startswith("hello there my password = ")
+    line = fold_line(AVATAR_HEAD, out, SUMMARY_LINE_BYTES)[0]
+    assert redact(out)[0] == out and redact(line)[0] == line
+
+
+def test_a_key_shaped_by_the_summary_cut_costs_only_that_run() -> None:
+    """Regression: a summary cut that shaped a key stored only the line's 240 bytes."""
+    key_shape = "AKIA" + "Q" * 16
+    room = SUMMARY_LINE_BYTES - len(AVATAR_HEAD) - len(" [...]")
+    tail = " more words" * 50
+    text = "x" * (room - len(key_shape) - 1) + " " + key_shape + "QQQQ end" + tail
+    assert redact(text) == (text, 0)
+    out, _, truncated = Preparer(Limits(), DEFAULT_REDACTOR).text(text, "text", 8192, AVATAR_HEAD)
+    assert out.endswith("QQQQ end" + tail) and not truncated
+    line = fold_line(AVATAR_HEAD, out, SUMMARY_LINE_BYTES)[0]
+    assert key_shape not in line and redact(line)[0] == line and redact(out)[0] == out
+
+
 @pytest.mark.parametrize(
     ("record", "field"),
     [

@@ -151,9 +151,11 @@ class Preparer:
         A cut can shape what redaction let pass into a match: a 24-character
         `AKIA...` run is no AWS key, but its first 20 characters before
         " [truncated]" are. So can folding (newlines flattened, a cut marked
-        " [...]"). Each round re-redacts what a cut exposed and cuts again; a fold
-        that forms a match makes the stored text what the summary would show,
-        redacted, which then folds to itself. Deterministic and bounded; a text
+        " [...]"). Each round re-redacts what a cut exposed and cuts again. A fold
+        that forms a match is repaired in the text itself: lines joined and
+        redacted when joining formed it, the part the line shows redacted when the
+        line's cut did; only when neither applies does the stored text become what
+        the summary shows, redacted, which then folds to itself. Deterministic and bounded; a text
         that does not settle is stored as WITHHELD. `checked`: the caller knows
         `text` itself is a fixed point. Returns (text, redactions made, cut).
         """
@@ -173,6 +175,30 @@ class Preparer:
                 return text, count, truncated
             if not shown.startswith(head):
                 break  # the head itself takes part in the match: no text can fix that
+            flat = _NEWLINES.sub(" ", text)
+            joined, joined_count = self.redactor.redact(flat)
+            if joined != flat:
+                # Joining the lines formed the match ("password\n= x"): store the whole
+                # text joined and redacted, so nothing but the secret and the line breaks
+                # is lost (the summary line alone would keep only its first 240 bytes).
+                count += joined_count
+                text, cut = truncate(joined, max_bytes)
+                truncated = truncated or cut
+                continue
+            kept = line[len(head) : -len(FOLD_CUT_MARKER)]
+            if (
+                folded_cut
+                and line.endswith(FOLD_CUT_MARKER)
+                and shown.endswith(FOLD_CUT_MARKER)
+                and flat.startswith(kept)
+            ):
+                # The fold's cut shaped a match (a key-like run cut at the line's end):
+                # redact that part of the text and keep the rest after it.
+                count += more
+                repaired = shown[len(head) : -len(FOLD_CUT_MARKER)] + flat[len(kept) :]
+                text, cut = truncate(repaired, max_bytes)
+                truncated = truncated or cut
+                continue
             count += more
             text, cut = truncate(shown[len(head) :], max_bytes)
             truncated = truncated or folded_cut or cut
