@@ -126,15 +126,14 @@ class Operations:
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
-        if self._published_at is None or (
-            self.clock.monotonic_ms() - self._published_at >= REPUBLISH_MS
-        ):
-            yield from self.publish_limits()
+        now = self._now()  # checked before any command, the publish below included
+        if self._published_at is None or now.mono - self._published_at >= REPUBLISH_MS:
+            yield from self.publish_limits(now.mono)
         session, shard = self.keys.session(uuid, ch)
         reply = yield self.scripts.record_turn(
             session,
             shard,
-            self._now(),
+            now,
             candidate_session_id=self._session_ids(),
             payload=prepared.payload,
             idempotency_key=idem,
@@ -290,7 +289,7 @@ class Operations:
             events=events,
         )
 
-    def publish_limits(self) -> Op[None]:
+    def publish_limits(self, now_mono: int | None = None) -> Op[None]:
         """Publish the layout and limits this store runs with, for bin/gridmem-cli.
 
         Runs before a store's first write, then at most once a minute while it
@@ -299,6 +298,7 @@ class Operations:
         the namespace's layout entry: a CLI that finds the layout finds everything
         it points to.
         """
+        published_at = self._now().mono if now_mono is None else now_mono
         limits = self.config.limits.model_dump()
         for shard in self.keys.all_shards():
             yield self.scripts.publish_limits(shard, {**limits, **self._shard_bounds(shard)})
@@ -306,7 +306,7 @@ class Operations:
         yield self.scripts.publish_layout(
             self.keys.layout, namespace=self.keys.namespace, prefixes=prefixes
         )
-        self._published_at = self.clock.monotonic_ms()
+        self._published_at = published_at
 
     def _shard_bounds(self, shard: ShardKeys) -> dict[str, int]:
         """What a shard's scripts apply beyond the configured limits, as the CLI needs it."""
