@@ -110,17 +110,20 @@ end
 -- The store's clock domain (DESIGN section 4). Monotonic readings compare only
 -- within one boot, so the shard's clock hash keeps an offset per boot id:
 -- store time = the caller's monotonic ms + its boot's offset. A boot's offset is
--- fixed when it first writes, so that its time goes on from the store's latest
--- time (`last`) by the wall time elapsed since that was written (`wall`; a wall
--- clock that went backwards counts as no time), and never changes after that.
--- Hosts writing in turn therefore never move each other's time: a wall-clock
--- skew of d between two hosts puts their store times at most d apart, once,
--- however often they alternate (re-basing one shared offset on every switch
--- added the skew again at each switch).
--- Fields: last, wall (the store's latest time and the wall clock that wrote it),
--- o:<boot> (that boot's offset), s:<boot> (that boot's latest store time). Only
--- the MAX_CLOCK_BOOTS most recently seen boots are kept; a boot forgotten and
--- seen again is a new boot (its offset fixed again, from wall time).
+-- fixed when it first writes, and never changes after that. It is fixed from
+-- `epoch`, store time minus wall time, set once at the shard's first write: a new
+-- boot starts at `wall + epoch`, or at the store's latest time (`last`) if that is
+-- later (store time never goes backwards; a wall clock behind counts as no time).
+-- A new boot's start depends only on its own wall clock and the fixed epoch, never
+-- on which host wrote last, so skew never accumulates: with every wall clock
+-- within d of the first writer's, store time stays within d of that writer's
+-- wall-clock time, however many boots come and go (re-basing from the wall
+-- clock of whichever host wrote `last` added the skew again at each new boot).
+-- Fields: epoch; last, wall (the store's latest time and the wall clock that
+-- wrote it: `wall` only derives an epoch for a hash older versions left without
+-- one); o:<boot> (that boot's offset), s:<boot> (that boot's latest store time).
+-- Only the MAX_CLOCK_BOOTS most recently seen boots are kept; a boot forgotten
+-- and seen again is a new boot (its offset fixed again, from the epoch).
 -- worker/reads.py live_now is this rule, read-only, in Python: keep them equal.
 local MAX_CLOCK_BOOTS = 64 -- worker/clock.py MAX_CLOCK_BOOTS must agree
 
@@ -157,31 +160,46 @@ local function forget_old_boots(clock_key, keep)
   end
 end
 
+-- The shard's epoch (store time minus wall time): the stored one, else the one
+-- an older version's `last` and `wall` imply, else nil.
+local function clock_epoch(epoch, last, last_wall)
+  if epoch ~= nil then return epoch end
+  if last ~= nil and last_wall ~= nil then return last - last_wall end
+  return nil
+end
+
 -- Store now (ms) for a caller of boot `boot` reading `mono` and `wall`. With
 -- `persist` (writers), fixes the boot's offset if it has none and records the
--- boot and the store's latest time; readers persist nothing.
+-- boot, the store's latest time and (once) the epoch; readers persist nothing.
 local function store_now(clock_key, boot, mono, wall, persist)
-  local c = redis.call('HMGET', clock_key, 'last', 'wall', 'o:' .. boot)
+  local c = redis.call('HMGET', clock_key, 'last', 'wall', 'o:' .. boot, 'epoch')
   local last, last_wall, offset = clock_field(c[1]), clock_field(c[2]), clock_field(c[3])
+  local stored_epoch = clock_field(c[4])
+  local epoch = clock_epoch(stored_epoch, last, last_wall)
   local known = offset ~= nil
   if not known then
-    offset = 0 -- the first boot to write a shard: store time is its monotonic time
-    if last ~= nil then
-      local gap = wall - (last_wall or wall)
-      if gap < 0 then gap = 0 end
-      offset = last + gap - mono
+    local start = mono -- the first boot to write a shard: store time is its monotonic time
+    if epoch ~= nil then
+      start = wall + epoch
+      if last ~= nil and last > start then start = last end
+    elseif last ~= nil then
+      start = last
     end
+    offset = start - mono
   end
   local now = mono + offset
   if persist then
     local set = { 's:' .. boot, now }
+    local function put(field, value)
+      set[#set + 1] = field
+      set[#set + 1] = value
+    end
     if last == nil or now > last then
-      set[3], set[4], set[5], set[6] = 'last', now, 'wall', wall
+      put('last', now)
+      put('wall', wall)
     end
-    if not known then
-      local n = #set
-      set[n + 1], set[n + 2] = 'o:' .. boot, offset
-    end
+    if not known then put('o:' .. boot, offset) end
+    if stored_epoch == nil then put('epoch', epoch or (now - wall)) end
     redis.call('HSET', clock_key, unpack(set))
     if not known then forget_old_boots(clock_key, boot) end
   end

@@ -1,13 +1,17 @@
 """Hosts with skewed wall clocks share one store without shortening sessions (DESIGN section 4).
 
-The store keeps one clock offset per boot id, fixed at that boot's first write.
-A regression test for issue 12 item 4: one shared offset, re-based from the wall
+The store keeps one clock offset per boot id, fixed at that boot's first write
+from the shard's epoch (store time minus wall time, fixed at its first write).
+Regression tests for issue 12 item 4: one shared offset, re-based from the wall
 clock at every switch of writer, added the skew at every switch, so two hosts 2 s
-apart alternating every 500 ms expired a 30-minute session after 10 minutes.
+apart alternating every 500 ms expired a 30-minute session after 10 minutes; and
+new boots started from the wall clock of whichever host wrote last, so restarts
+alternating between two hosts added the skew at every other boot.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pytest
@@ -190,7 +194,8 @@ def test_the_boot_table_keeps_the_most_recently_seen_boots(redis: redis_py.Redis
 
 def test_an_older_versions_clock_is_taken_over(redis: redis_py.Redis) -> None:
     """The single offset of earlier versions ('boot', 'offset') goes at the next new boot;
-    'last' and 'wall' mean the same, so the store's time carries on from them."""
+    'last' and 'wall' mean the same, so the store's time carries on from them, and the
+    epoch they imply (last - wall) is fixed."""
     # Given a session written under an older version's clock hash
     Host(redis, "old", 50_000, 10_000).write(0)
     redis.hdel(CLOCK_KEY, "o:old", "s:old")
@@ -201,9 +206,133 @@ def test_an_older_versions_clock_is_taken_over(redis: redis_py.Redis) -> None:
     host.clock.advance(1)
     assert host.store.context(A, "public") == []
     assert host.store.record(A, "public", AvatarMessage(text="x")).new_session
-    assert set(redis.hkeys(CLOCK_KEY)) == {b"last", b"wall", b"o:new", b"s:new"}
+    clock = redis.hgetall(CLOCK_KEY)
+    assert set(clock) == {b"epoch", b"last", b"wall", b"o:new", b"s:new"}
+    # and the epoch it fixes is the one the old 'last' and 'wall' implied
+    assert int(clock[b"epoch"]) == 50_000 - 10_000
 
 
 def test_the_boot_table_bound_matches_lua() -> None:
     lib = (lua_dir() / "lib.lua").read_text()
     assert f"local MAX_CLOCK_BOOTS = {MAX_CLOCK_BOOTS} " in lib
+
+
+D = 2_000  # the largest skew between a host's wall clock and the first writer's
+
+
+class Fleet:
+    """Hosts whose wall clocks are off by fixed skews (host 0, the first writer, by
+    none), each restarted on demand as a new boot with an unrelated monotonic clock;
+    `t` is real time since the start, and moves on for every running boot."""
+
+    def __init__(self, redis: redis_py.Redis, skews: list[int], seed: int) -> None:
+        self.redis, self.skews, self.t = redis, skews, 0
+        self.rng = random.Random(seed)
+        self.running: dict[int, Host] = {}
+        self.boots = 0
+
+    def boot(self, h: int) -> Host:
+        self.boots += 1
+        mono = self.rng.randrange(0, 10**9)
+        wall = DEFAULT_MANUAL_WALL_MS + self.t + self.skews[h]
+        self.running[h] = Host(self.redis, f"host{h}-boot{self.boots}", mono, wall)
+        return self.running[h]
+
+    def advance(self, ms: int) -> None:
+        self.t += ms
+        for host in self.running.values():
+            host.clock.advance(ms)
+
+    def store_time(self, host: Host) -> int:
+        """The store time `host` last wrote at (its boot's s:<boot> field)."""
+        return int(self.redis.hget(CLOCK_KEY, "s:" + host.clock.boot_id()))
+
+    def busy_write(self, host: Host, n: int) -> int:
+        host.store.record(avatar(3), "public", AvatarMessage(text=f"busy {n}"))
+        return self.store_time(host)
+
+
+def assert_session_ends_within_d(fleet: Fleet) -> None:
+    """The 30-minute session written at t=0 (turn k0) is alive, from every running
+    host, until 30 minutes minus D, and gone from all of them by 30 minutes plus D."""
+    hosts = list(fleet.running.values())
+    fleet.advance(TTL - D - 1 - fleet.t)
+    assert_alive(hosts, True, 0)
+    assert sum(host.store.sweep() for host in hosts) == 0
+    fleet.advance(2 * D + 1)
+    assert_alive(hosts, False, 0)
+    assert sum(host.store.sweep() for host in hosts) == 1
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_new_boots_alternating_between_two_hosts_never_accumulate_skew(
+    redis: redis_py.Redis, skew: int
+) -> None:
+    """Regression (issue 12 item 4, second pass): a new boot's offset came from
+    `last + max(0, wall - last_wall)`, `wall` being the clock of whichever host wrote
+    `last`, so each new boot on the host that is ahead, after a write by the other,
+    started the skew further ahead: 100 restarts alternating moved store time ~50 d."""
+    # Given host 0 (the first writer) and host 1, whose wall clock is `skew` behind
+    fleet = Fleet(redis, [0, -skew], seed=1)
+    first = fleet.boot(0)
+    first.write(0)  # the 30-minute session under test, at t=0
+    base = fleet.store_time(first)
+    # When the two hosts restart in turn, 100 boots in all, each writing once
+    for n in range(1, 100):
+        fleet.advance(17_000)
+        host = fleet.boot(n % 2)
+        # Then every boot's store time stays within D of the first writer's clock
+        assert abs(fleet.busy_write(host, n) - (base + fleet.t)) <= D, n
+    assert fleet.boots == 100
+    # and the session written at the start ends between TTL - D and TTL + D
+    assert_session_ends_within_d(fleet)
+
+
+@pytest.mark.parametrize("seed", [3, 5, 8])
+def test_many_hosts_of_random_skew_keep_store_time_within_d(
+    redis: redis_py.Redis, seed: int
+) -> None:
+    # Given 8 hosts whose wall clocks are within D of the first writer's (host 0)
+    rng = random.Random(seed)
+    skews = [0] + [rng.randint(-D, D) for _ in range(7)]
+    skews[1:3] = [D, -D]  # the extremes, always
+    fleet = Fleet(redis, skews, seed)
+    first = fleet.boot(0)
+    first.write(0)
+    base = fleet.store_time(first)
+    # When for 25 minutes, at random moments, a random host restarts or a running
+    # one writes (150 boots: far past the MAX_CLOCK_BOOTS table, so boots are forgotten)
+    while fleet.boots < 150:
+        fleet.advance(rng.randrange(0, 6_000))
+        assert fleet.t < 25 * 60_000
+        h = rng.randrange(len(skews))
+        restart = h not in fleet.running or rng.random() < 0.5
+        host = fleet.boot(h) if restart else fleet.running[h]
+        # Then no write moves store time more than D from the first writer's clock
+        assert abs(fleet.busy_write(host, fleet.boots) - (base + fleet.t)) <= D
+    assert len(clock_boots(redis)) == MAX_CLOCK_BOOTS
+    # and the session written at the start ends between TTL - D and TTL + D
+    assert_session_ends_within_d(fleet)
+
+
+def test_a_new_boot_whose_wall_clock_is_behind_starts_at_the_stores_time(
+    redis: redis_py.Redis,
+) -> None:
+    """Store time never goes backwards: a new boot with a wall clock a day behind
+    starts at the store's latest time (wall + epoch would be a day before it)."""
+    # Given a session written at t=0, and the store's latest write 10 s later
+    fleet = Fleet(redis, [0, -86_400_000], seed=2)
+    first = fleet.boot(0)
+    first.write(0)
+    fleet.advance(10_000)
+    latest = fleet.busy_write(first, 1)
+    # When a host whose wall clock is a day behind boots and writes
+    fleet.advance(5_000)
+    behind = fleet.boot(1)
+    # Then its time starts where the store's was (a behind wall clock counts as no time)
+    assert fleet.busy_write(behind, 2) == latest
+    # and the session, 15 s old in real time but 10 s old for it, lives 5 s longer there
+    behind.clock.advance(TTL - 10_000 - 1)
+    assert behind.views(0) == dict.fromkeys(VIEWS, True)
+    behind.clock.advance(1)
+    assert behind.views(0) == dict.fromkeys(VIEWS, False)

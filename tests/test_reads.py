@@ -62,7 +62,7 @@ def python_rule(redis: redis_py.Redis, reading: ClockReading, channel: Channel) 
     return f"{now:.17g}", not is_live(last_active, now, CHANNEL_TTL_MS[channel])
 
 
-# Clock hashes as lib.lua store_now writes them (last, wall, o:<boot>, s:<boot>),
+# Clock hashes as lib.lua store_now writes them (epoch, last, wall, o:<boot>, s:<boot>),
 # as older versions left them (boot, offset), and damaged from outside.
 CLOCK_STATES: list[dict[str, Any]] = [
     {},  # a store no worker has written
@@ -80,6 +80,18 @@ CLOCK_STATES: list[dict[str, Any]] = [
     {"last": "1e3", "wall": "inf", "o:boot-a": "\u0665\u0660", "o:boot-b": "\uff17"},
     {"last": "+5000", "wall": "-0", "o:boot-a": "-00070", "o:boot-b": "70\n"},
     {"last": "", "wall": "1000000", "o:boot-a": "", "o:boot-b": "99999999999999999999"},
+    # with the shard's epoch (store time minus wall time, fixed at its first write):
+    # a new boot starts at wall + epoch, or at last if that is later
+    {"epoch": -995_000, "last": 5_000, "wall": 1_000_000, "o:boot-a": 0, "s:boot-a": 5_000},
+    {"epoch": -990_000, "last": 9_000, "wall": 1_000_000, "o:boot-a": -4_000},
+    {"epoch": -1_000_000, "last": 9_000, "wall": 1_000_000, "o:boot-b": 70},  # last is ahead
+    {"epoch": 0, "last": 5_000},  # epoch 0: store time is wall time
+    {"epoch": -995_000},  # an epoch but no last
+    {"epoch": 1_000, "last": 5_000, "wall": 1_000_000},  # store time 1 s ahead of wall
+    {"epoch": "junk", "last": 5_000, "wall": 1_000_000},  # damaged: derived from last, wall
+    {"epoch": "-1e6", "last": 5_000},  # damaged, nothing to derive it from: start at last
+    {"epoch": "-99999999999999999999", "last": 5_000, "wall": 1_000_000},
+    {"epoch": "-00995000", "last": "+5000", "o:boot-a": "\uff17"},
 ]
 READINGS = [
     ClockReading(mono, wall, boot)

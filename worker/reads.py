@@ -81,25 +81,34 @@ def clock_field(value: Any) -> float | None:
     return float(raw) if digits.isdigit() else None
 
 
-def clock_fields(boot: str) -> tuple[str, str, str]:
+def clock_fields(boot: str) -> tuple[str, str, str, str]:
     """The clock hash fields live_now needs, in its order (lib.lua store_now's HMGET)."""
-    return ("last", "wall", "o:" + boot)
+    return ("last", "wall", "o:" + boot, "epoch")
 
 
 def live_now(fields: Sequence[Any], reading: ClockReading) -> float:
     """Store time for this reading: lib.lua store_now, read-only (DESIGN section 4).
 
     `fields` are the shard clock hash's `clock_fields(reading.boot)`: the store's
-    latest time, the wall clock that wrote it, and this boot's offset. A boot
-    without an offset gets the one it would be given at its first write.
+    latest time, the wall clock that wrote it, this boot's offset and the shard's
+    epoch (store time minus wall time, fixed at its first write). A boot without an
+    offset gets the one its first write would fix: it starts at `wall + epoch`, or at
+    the store's latest time if that is later. The steps are lib.lua's, in its order,
+    so both compute the same double.
     """
-    offset = clock_field(fields[2])
+    last, last_wall = clock_field(fields[0]), clock_field(fields[1])
+    offset, epoch = clock_field(fields[2]), clock_field(fields[3])
+    if epoch is None and last is not None and last_wall is not None:
+        epoch = last - last_wall  # an older version's hash: lib.lua clock_epoch
     if offset is None:  # a boot that has not written: the offset its first write would get
-        offset = 0.0
-        last, last_wall = clock_field(fields[0]), clock_field(fields[1])
-        if last is not None:
-            gap = reading.wall - (reading.wall if last_wall is None else last_wall)
-            offset = last + max(gap, 0) - reading.mono
+        start: float = reading.mono
+        if epoch is not None:
+            start = reading.wall + epoch
+            if last is not None and last > start:
+                start = last
+        elif last is not None:
+            start = last
+        offset = start - reading.mono
     return reading.mono + offset
 
 
