@@ -46,10 +46,10 @@ def dump_all(client: object) -> str:
     return "\n".join(out)
 
 
-def recompute(client: object, namespace: str = "gm") -> dict[str, Any]:
+def recompute(client: object, namespace: str = "gm", shard: int = 0) -> dict[str, Any]:
     """Everything the bounds are about, recomputed from the keys themselves (one shard)."""
     c: Any = client
-    prefix = f"{namespace}:{{0}}:"
+    prefix = f"{namespace}:{{{shard}}}:"
     sessions: dict[str, dict[str, Any]] = {}
     orphans = []
     for raw in c.keys(prefix + "s:*"):

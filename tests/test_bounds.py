@@ -357,3 +357,45 @@ def test_summary_lines_are_bounded_utf8(
     for line in lines:
         assert len(line.encode("utf-8")) <= 240
         assert line.startswith("- avatar (untrusted): ") and line.endswith(" [...]")
+
+
+# As SHARDED, with the archive on: each of 16 shards' byte share (3,093) holds one
+# session and its archive (2,048 + 1,024), the least config.shard_limits accepts.
+ARCHIVED = Limits(
+    max_active_sessions=40,
+    max_aggregate_bytes=49_500,
+    max_session_bytes=2048,
+    max_text_bytes=256,
+    max_tool_result_bytes=256,
+    max_summary_bytes=512,
+    max_archive_segments=3,
+    max_archive_bytes=1024,
+)
+
+
+@pytest.mark.parametrize("shards", [1, 3, 4, 16])
+def test_sharded_store_with_the_archive_never_holds_more_than_the_global_bounds(
+    redis: Any, clock: ManualClock, shards: int
+) -> None:
+    """Regression (issue 12 item 5, second pass): archived bytes count in each shard's
+    total; every shard's share must hold a session and its archive, and the sum over
+    the shards, archives included, never passes the global byte bound."""
+    config = ConversationConfig(shards=shards, limits=ARCHIVED, archive_enabled=True)
+    store = ConversationStore(redis, config, clock=clock)
+
+    def within_bounds() -> None:
+        totals = held(redis, shards)
+        assert totals["sessions"] == totals["indexed"] <= ARCHIVED.max_active_sessions, totals
+        assert totals["bytes"] == totals["counted_bytes"] <= ARCHIVED.max_aggregate_bytes, totals
+
+    # Given residents in every shard who talk long enough to fill their archives
+    archived: set[str] = set()  # the shards whose sessions held an archive
+    for n in range(120):
+        for turn in range(6 + n % 7):
+            store.record(avatar(n), "public", AvatarMessage(text=f"{n}.{turn} " + "w" * 200))
+            clock.advance(7)
+        within_bounds()  # Then what Redis holds, archives included, never passes the bounds
+        archived |= {k.split(b"}")[0].decode() for k in redis.scan_iter("gm:{*}:s:*:archive")}
+    assert len(archived) == shards  # archives held records, in every shard
+    reasons = {e.reason for e in store.events(count=10_000)}
+    assert ReasonCode.EVICTED_AGGREGATE_BYTES in reasons

@@ -173,3 +173,46 @@ def test_a_config_that_cannot_be_split_over_its_shards_is_refused(
     else:
         edge["max_aggregate_bytes"] = shards * limits.max_session_bytes
     ConversationConfig(shards=shards, limits=Limits(**edge))
+
+
+@pytest.mark.parametrize("shards", [1, 3, 4, 16])
+def test_with_the_archive_each_share_holds_a_session_and_its_archive(
+    shards: int, tmp_path: Path
+) -> None:
+    """Regression (issue 12 item 5, second pass): archived records count in the shard's
+    byte total, but a share only had to hold max_session_bytes, so each shard's one
+    session (never evicted while written) could pass its share by a whole archive,
+    and the shards together the global bound."""
+    session, archive = 256 * 1024, 1024 * 1024  # the defaults, written out
+    footprint = session + archive
+    below = Limits(max_archive_bytes=archive, max_aggregate_bytes=shards * footprint - 1)
+    # Given limits whose shares hold a session but not a session and its archive:
+    # accepted with the archive off
+    ConversationConfig(shards=shards, limits=below)
+    limits_packet(below, shards, archive=False)
+    # Then with it on they are refused, with a message that says why and what would do
+    message = (
+        rf"max_aggregate_bytes = {shards * footprint - 1} cannot be split over "
+        rf"shards = {shards} with the archive on: each shard's share "
+        rf"\({(shards * footprint - 1) // shards} bytes\) must hold one session and its "
+        rf"archive \(max_session_bytes \+ max_archive_bytes = {footprint}\); "
+        rf"max_aggregate_bytes must be at least shards x \(max_session_bytes \+ "
+        rf"max_archive_bytes\) = {shards * footprint}, or lower max_archive_bytes"
+    )
+    with pytest.raises(ValidationError, match=message):
+        ConversationConfig(shards=shards, limits=below, archive_enabled=True)
+    with pytest.raises(ValueError, match=message):
+        limits_packet(below, shards, archive=True)
+    path = tmp_path / "gridmem.toml"
+    path.write_text(
+        f"[conversation]\nshards = {shards}\narchive_enabled = true\n"
+        f"[conversation.limits]\nmax_aggregate_bytes = {shards * footprint - 1}\n"
+    )
+    with pytest.raises(ConfigError, match=rf"conversation: .*{message}"):
+        Settings.load(path)
+    # and at the edge they are accepted, each share holding exactly one footprint
+    edge = Limits(max_archive_bytes=archive, max_aggregate_bytes=shards * footprint)
+    ConversationConfig(shards=shards, limits=edge, archive_enabled=True)
+    fields = dict(zip(LIMIT_FIELDS, limits_packet(edge, shards, True).split(","), strict=True))
+    assert int(fields["max_aggregate_bytes"]) == footprint
+    assert int(fields["archive"]) == 1

@@ -138,14 +138,18 @@ class ShardLimits(NamedTuple):
     max_aggregate_bytes: int
 
 
-def shard_limits(limits: Limits, shards: int) -> ShardLimits:
+def shard_limits(limits: Limits, shards: int, archive: bool = False) -> ShardLimits:
     """Split the global bounds evenly over `shards`, rounding down.
 
     Each shard keeps its own bounds (a script sees one shard), so the shares must
     sum to at most the global limit: rounding up, or a floor of one, let four
     shards hold four sessions under max_active_sessions = 2. A split that leaves
     a shard less than one session is refused: that shard could never hold the
-    session being written.
+    session being written, which is never evicted, so it would pass its share.
+    With the archive on, a session's archived records count in its shard's byte
+    total too (up to max_archive_bytes more), so a share must hold a session and
+    its archive: a smaller one let each shard's one session pass its share, and
+    the shards together the global bound.
     """
     sessions = limits.max_active_sessions // shards
     aggregate = limits.max_aggregate_bytes // shards
@@ -161,6 +165,15 @@ def shard_limits(limits: Limits, shards: int) -> ShardLimits:
             f"shards = {shards}: each shard's share ({aggregate} bytes) must hold one "
             f"session (max_session_bytes = {limits.max_session_bytes}); max_aggregate_bytes "
             f"must be at least shards x max_session_bytes = {shards * limits.max_session_bytes}"
+        )
+    footprint = limits.max_session_bytes + limits.max_archive_bytes
+    if archive and aggregate < footprint:
+        raise ValueError(
+            f"max_aggregate_bytes = {limits.max_aggregate_bytes} cannot be split over "
+            f"shards = {shards} with the archive on: each shard's share ({aggregate} bytes) "
+            f"must hold one session and its archive (max_session_bytes + max_archive_bytes "
+            f"= {footprint}); max_aggregate_bytes must be at least shards x (max_session_bytes "
+            f"+ max_archive_bytes) = {shards * footprint}, or lower max_archive_bytes"
         )
     return ShardLimits(sessions, aggregate)
 
@@ -182,7 +195,7 @@ class ConversationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _splits_over_shards(self) -> ConversationConfig:
-        shard_limits(self.limits, self.shards)
+        shard_limits(self.limits, self.shards, archive=self.archive_enabled)
         return self
 
 

@@ -85,8 +85,9 @@ MAX_EVICTIONS_PER_CALL = 1000
 
 def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
     """The limits as record_turn takes them: one shard's share of the global bounds
-    (config.shard_limits), whose sum over the shards never exceeds them."""
-    share = shard_limits(limits, shards)
+    (config.shard_limits), whose sum over the shards never exceeds them, archives
+    included when `archive` is on."""
+    share = shard_limits(limits, shards, archive=archive)
     values = {
         "max_turns": limits.max_turns_per_session,
         "low_turns": max(1, int(limits.max_turns_per_session * LOW_WATER)),
