@@ -884,3 +884,110 @@ def test_a_lock_that_is_a_directory_is_a_snapshot_error(
         store.flush()
     report = store.restore()
     assert report.error is not None and report.error.startswith("SnapshotError: cannot lock")
+
+
+# -- strays with the largest generation number, hard links (issue 12 item 6, second pass) --
+
+TOP = f"{snaps.MAX_GENERATION:020d}.snap"  # 18446744073709551615.snap: the largest a header holds
+
+
+def _signed_copy_of_generation_one(d: Path) -> None:
+    (d / TOP).write_bytes((d / f"{1:020d}.snap").read_bytes())  # ours, under another name
+
+
+def _signed_with_another_key(d: Path) -> None:
+    lines = [_session_line()]
+    payload = b"".join(lines)
+    header = Header(1, snaps.MAX_GENERATION, 0, "forger", len(payload), sha256(payload))
+    (d / TOP).write_bytes(header.encode(b"k" * 32) + payload)
+
+
+TOP_STRAYS: dict[str, tuple[Callable[[Path], None], str | None]] = {
+    # name: (make it in snapdir, the cause restore quarantines it for; None: skipped)
+    "junk file": (lambda d: (d / TOP).write_bytes(b"junk"), "truncated"),
+    "corrupt file of header size": (lambda d: (d / TOP).write_bytes(b"\x00" * HEADER_SIZE), "bad_magic"),
+    "signed copy of generation 1": (_signed_copy_of_generation_one, "wrong_generation"),
+    "file signed with another key": (_signed_with_another_key, "signature_mismatch"),
+    "directory": (lambda d: (d / TOP).mkdir(), None),
+}  # fmt: skip
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize("stray", sorted(TOP_STRAYS))
+def test_a_stray_with_the_largest_generation_number_never_stops_flush(
+    make: Callable[..., ConversationStore], snapdir: Path, stray: str
+) -> None:
+    """Regression (issue 12 item 6, second pass): a new generation was numbered after the
+    largest name, so a stray `18446744073709551615.snap` left no number and every flush
+    failed. It is numbered after the newest generation this installation signed."""
+    # Given generation 1, then a stray with the largest number a header can hold
+    store = make()
+    store.record(A, "im", AvatarMessage(text="one"))
+    assert store.flush().generation == 1  # type: ignore[union-attr]
+    make_stray, cause = TOP_STRAYS[stray]
+    make_stray(snapdir)
+    stray_bytes = None if cause is None else (snapdir / TOP).read_bytes()
+    # When flushing twice
+    store.record(B, "im", AvatarMessage(text="two"))
+    second, third = store.flush(), store.flush()
+    # Then both succeed, numbered after generation 1, and the stray is untouched
+    assert second is not None and third is not None
+    assert (second.generation, third.generation) == (2, 3)
+    if stray_bytes is not None:
+        assert (snapdir / TOP).read_bytes() == stray_bytes
+    # and restore quarantines the stray (it is tried first: the largest number) and
+    # loads generation 3
+    report = _restore_fresh(store)
+    assert report.error is None and report.generation == 3
+    if cause is None:
+        assert report.quarantined == []
+        assert [(s.name, s.reason) for s in report.skipped] == [(TOP, "not_a_regular_file")]
+    else:
+        assert [(q.generation, q.cause) for q in report.quarantined] == [
+            (snaps.MAX_GENERATION, cause)
+        ]
+        assert (snapdir / "quarantine" / TOP).read_bytes() == stray_bytes
+    assert [m.content for m in store.context(B, "im")] == ["two"]
+    assert store.flush().generation == 4  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="hard links and modes")
+def test_a_hard_link_is_never_chmod_ed_but_reported(
+    make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path
+) -> None:
+    """Regression (issue 12 item 6, second pass): a hard link in the snapshot directory to
+    a file outside it was chmod-ed to 0600, and so was that file (one inode, one mode)."""
+    # Given a file outside (0644), hard-linked into the snapshot directory under an
+    # ordinary name and under a generation's name
+    target, outside = _outside(tmp_path)
+    store = make()
+    store.record(A, "im", AvatarMessage(text="one"))
+    store.flush()
+    os.link(target, snapdir / "notes")
+    os.link(target, snapdir / GEN9)
+    # When flushing
+    info = store.flush()
+    # Then neither link's mode was forced, and flush says so
+    assert info is not None and info.generation == 2
+    assert [(s.name, s.reason) for s in info.skipped] == [
+        (GEN9, "hard_linked"),
+        ("notes", "hard_linked"),
+    ]
+    _untouched(target, outside)
+    # When restoring: the link named like a generation is tried (number 9) and fails
+    # its checks: it goes to quarantine as a name, its file untouched
+    report = _restore_fresh(store)
+    assert report.error is None and report.generation == 2
+    assert [(q.generation, q.cause) for q in report.quarantined] == [(9, "truncated")]
+    assert [(s.name, s.reason) for s in report.skipped] == [
+        (GEN9, "hard_linked"),
+        ("notes", "hard_linked"),
+    ]
+    _untouched(target, outside)
+    assert (snapdir / "quarantine" / GEN9).read_text() == "not yours"
+    assert [m.content for m in store.context(A, "im")] == ["one"]
+    # and a file of ours with no other link still gets 0600
+    assert (snapdir / f"{2:020d}.snap").stat().st_mode & 0o777 == 0o600

@@ -27,7 +27,10 @@ The directory is ours alone, and nothing in it is trusted to be what its name
 says: no chmod, open or move follows a symbolic link (O_NOFOLLOW, lstat), a
 snapshot directory that is itself a link is refused (SnapshotError), and an
 entry named like a generation that is not a regular file, or whose number the
-header cannot hold, is skipped and reported, never read (a fifo would block).
+header cannot hold, is skipped and reported, never read (a fifo would block). A
+regular file with other hard links is never chmod-ed (reported `hard_linked`), and
+a new generation is numbered after the newest one this installation signed, so
+no stray name (however large its number) can stop a flush.
 Whatever the write path stored, restore accepts: its secret check asks what
 redaction would still change, not whether a rule matches (the write path's own
 markers do), and a summary is checked line by line, the unit Lua folds.
@@ -273,6 +276,24 @@ def parse_header(data: bytes, key: bytes) -> Header:
 # -- results ----------------------------------------------------------------------------
 
 
+class SkippedEntry(BaseModel):
+    """A directory entry restore did not use, and why (never read, never moved).
+
+    reason: `not_a_regular_file` (a link, directory, fifo... named like a
+    generation), `generation_out_of_range` (a number the header cannot hold),
+    `quarantine_unusable` (a failed generation left in place: `quarantine` is not
+    a real directory, or the move failed), or `hard_linked` (a regular file with
+    other hard links, of any name: its mode is left as it is, since a chmod would
+    change the file every other name points at, outside the directory too; a
+    hard-linked generation is still read, as any other, and must pass every check).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    reason: str
+
+
 class SnapshotInfo(BaseModel):
     """What flush() wrote."""
 
@@ -283,6 +304,7 @@ class SnapshotInfo(BaseModel):
     bytes: int
     sessions: int
     created_at_ms: int
+    skipped: list[SkippedEntry] = Field(default_factory=list)  # entries left as they were
 
 
 class QuarantinedGeneration(BaseModel):
@@ -290,21 +312,6 @@ class QuarantinedGeneration(BaseModel):
 
     generation: int
     cause: str
-
-
-class SkippedEntry(BaseModel):
-    """A directory entry restore did not use, and why (never read, never moved).
-
-    reason: `not_a_regular_file` (a link, directory, fifo... named like a
-    generation), `generation_out_of_range` (a number the header cannot hold), or
-    `quarantine_unusable` (a failed generation left in place: `quarantine` is not
-    a real directory, or the move failed).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    reason: str
 
 
 class RestoreReport(BaseModel):
@@ -355,6 +362,7 @@ class SnapshotDirectory:
         self.hook = hook or (lambda step: None)
         self.posix = os.name == "posix" if posix is None else posix
         self._lock = FileLock(str(self.directory / LOCK_FILE), mode=0o600)
+        self._left_alone: list[SkippedEntry] = []  # what the last prepare() did not chmod
 
     # housekeeping
 
@@ -403,9 +411,11 @@ class SnapshotDirectory:
         """Create the directory, force private modes on Unix, drop stale temp files.
 
         Only regular files get 0600, each through a descriptor opened without
-        following links; stray directories, links, fifos are left as they are.
+        following links; stray directories, links, fifos are left as they are, and
+        so is a file with other hard links (reported `hard_linked` by scan()).
         """
         self._check_directory()
+        self._left_alone = []
         if self.posix:
             _force_mode(self.directory, 0o700, directory=True)
         with os.scandir(self.directory) as entries:
@@ -416,7 +426,12 @@ class SnapshotDirectory:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)  # a link goes, never its target
                 elif self.posix and entry.is_file(follow_symlinks=False):
-                    _force_mode(Path(entry.path), 0o600)
+                    self._force_file_mode(entry.name)
+
+    def _force_file_mode(self, name: str) -> None:
+        """0600 on one regular file of the directory, unless it has other hard links."""
+        if _force_mode(self.directory / name, 0o600) == "hard_linked":
+            self._left_alone.append(SkippedEntry(name=name, reason="hard_linked"))
 
     def key(self, *, create: bool = True) -> bytes:
         """The installation's signing key, created by the first flush.
@@ -451,7 +466,8 @@ class SnapshotDirectory:
         return key
 
     def scan(self) -> tuple[list[tuple[int, Path]], list[SkippedEntry]]:
-        """(every generation file, oldest first; entries named like one that are not)."""
+        """(every generation file, oldest first; entries named like one that are not,
+        and those the last prepare() left alone)."""
         found: list[tuple[int, Path]] = []
         skipped: list[SkippedEntry] = []
         with os.scandir(self.directory) as entries:
@@ -466,7 +482,8 @@ class SnapshotDirectory:
                     skipped.append(SkippedEntry(name=entry.name, reason="not_a_regular_file"))
                 else:
                     found.append((number, Path(entry.path)))
-        return sorted(found), sorted(skipped, key=lambda s: s.name)
+        skipped += self._left_alone
+        return sorted(found), sorted(skipped, key=lambda s: (s.name, s.reason))
 
     def generations(self) -> list[tuple[int, Path]]:
         """Every generation file, oldest first."""
@@ -478,8 +495,9 @@ class SnapshotDirectory:
         """Write a new generation from session lines. Call under locked()."""
         key = self.key()
         existing = self.generations()
-        generation = existing[-1][0] + 1 if existing else 1
-        # a stray entry (a directory, a link) may hold the next name: never replace it
+        generation = self._newest_signed(existing, key) + 1
+        # a stray entry (a directory, a link, a file not ours) may hold the next name:
+        # never replace it
         while os.path.lexists(self.directory / f"{generation:020d}{SUFFIX}"):
             generation += 1
         if generation > MAX_GENERATION:
@@ -526,7 +544,24 @@ class SnapshotDirectory:
             bytes=HEADER_SIZE + length,
             sessions=sessions,
             created_at_ms=created_ms,
+            skipped=sorted(self._left_alone, key=lambda s: s.name),
         )
+
+    def _newest_signed(self, existing: list[tuple[int, Path]], key: bytes) -> int:
+        """The newest generation whose header this installation signed, under its own
+        name; 0 if none. A new generation is numbered after it, not after whatever
+        the largest name is: a stray `18446744073709551615.snap` (or any file not
+        ours with a big number) made every flush fail with no number left. Reads
+        one header per file newer than that generation, newest first."""
+        for number, path in reversed(existing):
+            try:
+                with _open_regular(path) as fh:
+                    header = parse_header(fh.read(HEADER_SIZE), key)
+            except (OSError, SnapshotInvalid):
+                continue  # not ours, damaged or unreadable: it numbers nothing
+            if header.generation == number:
+                return number
+        return 0
 
     def prune(self, keep: int) -> None:
         """Drop the oldest generations until the total fits max_snapshot_bytes; never `keep`."""
@@ -699,21 +734,27 @@ def _why(exc: OSError) -> str:
     return str(exc.strerror or exc)
 
 
-def _force_mode(path: Path, mode: int, *, directory: bool = False) -> None:
+def _force_mode(path: Path, mode: int, *, directory: bool = False) -> str | None:
     """chmod through a descriptor opened without following a link (Unix only).
 
-    An entry that is not what it should be (a link, a fifo) is left alone.
+    An entry that is not what it should be (a link, a fifo) is left alone, and so
+    is a regular file with other hard links: its mode is the mode of every name it
+    has, outside the directory too. Returns "hard_linked" for such a file.
     """
     flags = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | (_O_DIRECTORY if directory else 0)
     try:
         fd = os.open(path, flags)
     except OSError:
-        return  # a link (ELOOP), gone, or unreadable: not ours to fix
+        return None  # a link (ELOOP), gone, or unreadable: not ours to fix
     try:
         info = os.fstat(fd)
         kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
-        if kind_ok and (info.st_mode & 0o777) != mode:
-            os.fchmod(fd, mode)
+        if not kind_ok or (info.st_mode & 0o777) == mode:
+            return None
+        if not directory and info.st_nlink > 1:
+            return "hard_linked"
+        os.fchmod(fd, mode)
+        return None
     finally:
         os.close(fd)
 
