@@ -280,6 +280,11 @@ def test_transcript_limit_is_clamped(
         ["transcript", A, "im", "--show-content", "--before", "x"], ["transcript", A, "im", "--before", "1", "--after", "2", "--show-content"],
         ["sessions", "--limit", "many"], ["sessions", "--cursor", "garbage"], ["events", "--count", "lots"],
         ["frobnicate"], ["stats", "extra"], ["--shards", "3", "stats"], ["--namespace", "Not OK", "stats"],
+        # integers: ASCII decimal digits only, a sequence number not negative
+        ["events", "--count", "\u0661\u0660"], ["events", "--count", "0x10"], ["events", "--count", "+5"],
+        ["events", "--count", "1e3"], ["events", "--count", " 5"], ["events", "--count", ""], ["events", "--count", "-"],
+        ["sessions", "--limit", "\uff11"], ["transcript", A, "im", "--show-content", "--before", "-1"],
+        ["transcript", A, "im", "--show-content", "--after", "-00000000000000000000001"],
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_without_touching_the_server(
@@ -605,3 +610,75 @@ def test_several_stores_on_one_server(server: EmbeddedValkey, client_binary: str
         assert stats["sessions"]["im"] == talkers and stats["shards"] == shards
     unknown = gm(server, client_binary, "--namespace", "three", "stats")
     assert unknown.returncode == 1 and "namespace 'three' has published" in unknown.stderr
+
+
+@pytest.mark.parametrize(
+    ("asked", "got"),
+    [
+        ("010", 10),  # decimal ten, not octal eight
+        ("08", 8),  # not an octal error
+        ("09", 9),
+        ("0000000000000000000000000003", 3),  # zeros are dropped before the digits count
+        ("-0", 1),
+        ("-99999999999999999999", 1),  # clamped to 1, not wrapped
+    ],
+)
+def test_integer_arguments_are_decimal(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str, asked: str, got: int
+) -> None:
+    """Regression (issue 12 item 8, second pass): bash arithmetic read --count 010 as
+    octal 8, refused 08 with a bash error (exit 1), and wrapped past 2^63."""
+    assert len(store.events(count=1000)) > 10
+    done = gm(server, client_binary, "events", "--count", asked, "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == got
+
+
+@pytest.mark.parametrize("digits", [16, 19, 20, 21, 40])
+def test_a_count_of_more_than_15_digits_saturates(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str, digits: int
+) -> None:
+    """A count past bash's 64 bits (or just long) means the most there is, never a wrapped
+    value: 9,223,372,036,854,775,808 wrapped to a negative count, clamped to 1."""
+    every = len(store.events(count=1000))
+    for asked in ("9" * digits, "1" + "0" * (digits - 1), "9223372036854775808"):
+        done = gm(server, client_binary, "events", "--count", asked, "--json")
+        assert done.returncode == 0, done.stderr
+        assert len(done.stdout.splitlines()) == every, asked
+
+
+def test_sequence_anchors_are_decimal_and_saturate(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str
+) -> None:
+    seqs = [t.seq for t in _walk_store(store)]
+    assert len(seqs) > 12 and seqs[0] < 8
+
+    def page(*args: str) -> list[int]:
+        done = gm(server, client_binary, "transcript", A, "im", "--show-content", "--json", *args)
+        assert done.returncode == 0, done.stderr
+        return [t["seq"] for t in json.loads(done.stdout)["turns"]]
+
+    # 08 and 010 are eight and ten (08 was a bash error, 010 eight)
+    assert page("--before", "08", "--limit", "200") == [s for s in seqs if s < 8]
+    assert page("--after", "010", "--limit", "010") == [s for s in seqs if s > 10][:10]
+    # past 15 digits: the largest sequence there can be, so after it nothing, before it
+    # the newest page
+    huge = "9" * 25
+    assert page("--after", huge) == []
+    assert page("--before", huge, "--limit", "5") == seqs[-5:]
+    assert page("--before", "0" * 30 + "12", "--limit", "200") == [s for s in seqs if s < 12]
+
+
+def test_namespace_default_is_documented() -> None:
+    """--namespace defaults to $GRIDMEM_CONVERSATION__NAMESPACE, else gm: in --help and
+    docs/operations.md."""
+    top = subprocess.run(check=False, args=[str(CLI), "--help"], capture_output=True, text=True)
+    assert (
+        "--namespace NS       the store's namespace (default: $GRIDMEM_CONVERSATION__NAMESPACE or gm)"
+        in top.stdout
+    )
+    assert "decimal" in top.stdout
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    assert (
+        "The namespace is `gm` unless `--namespace` (or\n`GRIDMEM_CONVERSATION__NAMESPACE`" in docs
+    )
