@@ -991,3 +991,49 @@ def test_a_hard_link_is_never_chmod_ed_but_reported(
     assert [m.content for m in store.context(A, "im")] == ["one"]
     # and a file of ours with no other link still gets 0600
     assert (snapdir / f"{2:020d}.snap").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.name != "posix", reason="modes")
+def test_a_file_whose_mode_cannot_be_set_is_reported_not_an_error(
+    make: Callable[..., ConversationStore], snapdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stray file the service may not chmod (another user's: EPERM) made the raw
+    PermissionError stop every flush and restore. It is reported (`chmod_failed`)."""
+    # Given generation 1 and a stray file whose chmod fails as another user's would
+    store = make()
+    store.record(A, "im", AvatarMessage(text="one"))
+    store.flush()
+    stray = snapdir / "someone-elses"
+    stray.write_text("x")
+    os.chmod(stray, 0o644)
+    theirs = stray.stat().st_ino
+    real_fchmod = os.fchmod
+
+    def fchmod(fd: int, mode: int) -> None:
+        if os.fstat(fd).st_ino == theirs:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(snaps.os, "fchmod", fchmod)
+    # When flushing and restoring
+    info = store.flush()
+    report = _restore_fresh(store)
+    # Then both work and say what they left alone
+    assert info is not None and info.generation == 2
+    assert [(s.name, s.reason) for s in info.skipped] == [("someone-elses", "chmod_failed")]
+    assert report.error is None and report.generation == 2
+    assert [(s.name, s.reason) for s in report.skipped] == [("someone-elses", "chmod_failed")]
+    assert [m.content for m in store.context(A, "im")] == ["one"]
+    # and a directory that cannot be made private is a SnapshotError, saying so
+    directory = snapdir.stat().st_ino
+    os.chmod(snapdir, 0o755)
+
+    def fchmod_dir(fd: int, mode: int) -> None:
+        if os.fstat(fd).st_ino == directory:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(snaps.os, "fchmod", fchmod_dir)
+    with pytest.raises(SnapshotError, match=r"cannot make snapshot directory .* private \(0700\)"):
+        store.flush()
+    assert "cannot make snapshot directory" in (store.restore().error or "")

@@ -285,7 +285,9 @@ class SkippedEntry(BaseModel):
     a real directory, or the move failed), or `hard_linked` (a regular file with
     other hard links, of any name: its mode is left as it is, since a chmod would
     change the file every other name points at, outside the directory too; a
-    hard-linked generation is still read, as any other, and must pass every check).
+    hard-linked generation is still read, as any other, and must pass every check),
+    or `chmod_failed` (a regular file whose mode could not be set to 0600: another
+    user's file, a read-only mount; left as it is).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -417,7 +419,12 @@ class SnapshotDirectory:
         self._check_directory()
         self._left_alone = []
         if self.posix:
-            _force_mode(self.directory, 0o700, directory=True)
+            try:
+                _force_mode(self.directory, 0o700, directory=True)
+            except OSError as exc:
+                raise SnapshotError(
+                    f"cannot make snapshot directory {self.directory} private (0700): {_why(exc)}"
+                ) from None
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
@@ -429,9 +436,12 @@ class SnapshotDirectory:
                     self._force_file_mode(entry.name)
 
     def _force_file_mode(self, name: str) -> None:
-        """0600 on one regular file of the directory, unless it has other hard links."""
-        if _force_mode(self.directory / name, 0o600) == "hard_linked":
-            self._left_alone.append(SkippedEntry(name=name, reason="hard_linked"))
+        """0600 on one regular file of the directory, unless it has other hard links or
+        its mode cannot be changed (reported, never an error: a stray file never stops
+        flush or restore)."""
+        reason = _force_mode(self.directory / name, 0o600)
+        if reason is not None:
+            self._left_alone.append(SkippedEntry(name=name, reason=reason))
 
     def key(self, *, create: bool = True) -> bytes:
         """The installation's signing key, created by the first flush.
@@ -753,7 +763,12 @@ def _force_mode(path: Path, mode: int, *, directory: bool = False) -> str | None
             return None
         if not directory and info.st_nlink > 1:
             return "hard_linked"
-        os.fchmod(fd, mode)
+        try:
+            os.fchmod(fd, mode)
+        except OSError:
+            if directory:
+                raise
+            return "chmod_failed"  # another user's file, a read-only mount: not ours to fix
         return None
     finally:
         os.close(fd)
