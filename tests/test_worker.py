@@ -624,3 +624,40 @@ def test_the_gate_lets_ordinary_entries_run_together_and_a_suspect_alone() -> No
         assert log == [("a", 1, False), ("b", 2, False), ("suspect", 0, True), ("c", 1, False)]
 
     go(scenario())
+
+
+def test_a_trickling_or_malformed_llm_answer_gives_the_failure_notice_and_the_key_goes_on(
+    new_client: Callable[[], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12, second pass (LLM calls bounded, malformed bodies): a server that
+    trickles its body is cut off at the call's deadline (one retry, then the notice);
+    a 200 that is not a usable completion is the notice at once, never retried; none
+    of the body reaches a log or the resident; the key's next message is answered."""
+    from worker.llm import OFFLINE_LABEL, OpenAICompatible
+    from worker.localllm import MARK, LocalChatServer
+
+    faults: list[int | str] = [
+        "trickle", "trickle", "bad-json", "content-list", "no-choices", "content-null", "huge",
+    ]  # fmt: skip
+    with LocalChatServer(faults=faults, trickle_seconds=0.02) as server:
+        llm = {"base_url": server.url, "timeout_seconds": 0.5, "max_retries": 1}
+        chat = OpenAICompatible(Settings(llm={**llm, "retry_wait_seconds": 0.001}).llm)
+
+        async def scenario() -> None:
+            async with running(new_client, chat) as run:  # type: ignore[arg-type]
+                # Given one resident's messages, answered in order, one fault each
+                sent = [await run.send(1, f"message {n}") for n in range(7)]
+                # When the worker has answered them all
+                await run.answered(*sent)
+                # Then each faulty answer became the failure notice, then the key went on
+                texts = [run.replies[entry]["text"] for entry in sent]
+                assert texts[:6] == [FAILURE_NOTICE] * 6
+                assert texts[6].startswith(OFFLINE_LABEL) and "message 6" in texts[6]
+                assert await run.dead() == {}
+            await chat.aclose()
+
+        caplog.set_level(logging.DEBUG, logger="gridmem")
+        go(scenario())
+        # And only the trickle was retried: 2 + 5 + 1 requests
+        assert len(server.requests) == 8
+    assert MARK not in caplog.text
