@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.test_inbound import INVISIBLE_ONLY
 from worker.config import LlmSettings
 from worker.llm import (
     OFFLINE_LABEL,
@@ -117,6 +118,7 @@ def test_offline_responder_is_deterministic_and_says_what_it_is() -> None:
         ("\x00\x01\x1b\x7f\x9f", None),  # control characters only
         ("\u200b\u200d\u2060\ufeff\u00ad", None),  # invisible format characters only
         ("\ud800\udfff", None),  # nothing but what could not be stored
+        *((text, None) for text in INVISIBLE_ONLY),  # issue 12, second pass
     ],
 )
 def test_clean_reply(reply: str, cleaned: str | None) -> None:

@@ -404,6 +404,7 @@ UNUSABLE = {
     "CONTROL": ("\x01\x02\x03\x7f", FAILURE_NOTICE),
     "INVISIBLE": (" \u200b\u2060\ufeff\n\t", FAILURE_NOTICE),
     "LONESOME": ("\udc00\udc01", FAILURE_NOTICE),
+    "TAGS": ("\U000e0041\U000e0042\u202e\u2066\ufe0f\u3164", FAILURE_NOTICE),  # second pass
     "HUGE": ("y" * ((1 << 20) + 10), None),  # over the input ceiling: cut, then bounded
 }
 
@@ -661,3 +662,26 @@ def test_a_trickling_or_malformed_llm_answer_gives_the_failure_notice_and_the_ke
         # And only the trickle was retried: 2 + 5 + 1 requests
         assert len(server.requests) == 8
     assert MARK not in caplog.text
+
+
+def test_a_message_a_reader_sees_nothing_of_is_missing_text_and_never_stored(
+    new_client: Callable[[], Any],
+) -> None:
+    """Issue 12, second pass: an inbound text of only invisible or format characters
+    (ZWSP, word joiner, BOM, the tags block, bidi controls) or only control characters
+    is dead-lettered `missing_text`: no empty turn is stored, the model is not asked,
+    and the resident's next message is answered."""
+    from tests.test_inbound import INVISIBLE_ONLY
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            blank = [await run.send(1, text) for text in INVISIBLE_ONLY]
+            good = await run.send(1, "now something visible")
+            await run.answered(good)
+            await run.dead_lettered(*blank)
+            assert await run.dead() == {e: {"id": e, "reason": "missing_text"} for e in blank}
+            page = await run.store.read_page(avatar(1), "im", None, "forward", 50)
+            assert page.turns[0].text == "now something visible"
+            assert len(page.turns) == 2 and run.chat.asked == ["now something visible"]
+
+    go(scenario())

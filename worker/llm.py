@@ -40,9 +40,18 @@ MAX_BODY_BYTES = 8 << 20
 
 # JSON may carry lone surrogates ("\ud800"); UTF-8, and so Redis, cannot hold them.
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# A character a reader would see: not whitespace, not a control or invisible format
-# character, not the replacement character a lone surrogate became.
-_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2060-\u2064\ufeff\ufffd]")
+# What a reader never sees: whitespace (and the blank look-alikes U+2800, the Hangul
+# fillers), control characters, the replacement character a lone surrogate became,
+# and Unicode's default-ignorable code points (DerivedCoreProperties.txt: soft
+# hyphen, combining grapheme joiner, zero-width and bidi controls, word joiner and
+# invisible operators, variation selectors, BOM, the tags block, ...).
+_INVISIBLE = (
+    "\\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0"
+    "\ufff0-\ufffb\ufffd\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+# A character a reader would see: anything else.
+_VISIBLE = re.compile(f"[^{_INVISIBLE}]")
 
 
 class LlmUnavailable(Exception):
