@@ -61,7 +61,8 @@ class EmbeddedValkey:
         extra_config: dict[str, str] | None = None,
         binary: str | None = None,
     ) -> None:
-        self.directory = Path(directory)
+        # absolute: the server runs in --dir, so a relative socket or log path would miss
+        self.directory = Path(directory).absolute()
         self.socket_path = self.directory / "valkey.sock"
         self.port = port  # 0: Unix socket only
         self._extra = extra_config or {}
@@ -110,7 +111,11 @@ class EmbeddedValkey:
         ]
         for name, value in {**TUNING, **self._extra}.items():
             args += [f"--{name}", value]
-        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        # its own session: Ctrl-C in the terminal signals the whole foreground group, and
+        # the server must outlive the workers and the last snapshot; stop() ends it
+        self._process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+        )
         self._wait_ready(timeout)
         return self
 

@@ -1,0 +1,114 @@
+"""`gridmem serve` as a newcomer runs it: no config file, an empty directory, Ctrl-C.
+
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the
+supervisor, its workers and, before the fix, the private Valkey too. The test
+starts the service in its own process group and signals the group, as a
+terminal does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+from tests.conftest import short_tempdir
+from tests.helpers import avatar
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+DEADLINE = 60.0
+
+
+@pytest.fixture
+def empty() -> Iterator[Path]:
+    path = short_tempdir("gm-new-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _serve(directory: Path) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
+    """`gridmem serve`, no arguments, in `directory`; persistence on through the
+    environment (the documented GRIDMEM_* override), everything else default."""
+    env = {**os.environ, "GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED": "true"}
+    env.pop("GRIDMEM_REDIS__URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker", "serve"],
+        cwd=directory,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # a process group of its own, as a terminal's job is
+    )
+    client = redis_py.Redis(
+        unix_socket_path=str(directory / "gridmem-data" / "valkey" / "valkey.sock"),
+        decode_responses=True,
+    )
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        if process.poll() is not None:
+            output = process.stdout.read().decode() if process.stdout else ""
+            raise AssertionError(f"gridmem serve exited with {process.returncode}:\n{output}")
+        with contextlib.suppress(redis_py.ConnectionError, redis_py.ResponseError, OSError):
+            if client.xinfo_groups("gm:inbound"):
+                return process, client
+        assert time.monotonic() < deadline, "gridmem serve did not start"
+        time.sleep(0.05)  # polling another process's readiness, with a deadline
+
+
+def _ctrl_c(process: subprocess.Popen[bytes]) -> str:
+    os.killpg(process.pid, signal.SIGINT)
+    out, _ = process.communicate(timeout=DEADLINE)
+    assert process.returncode == 0, out.decode()
+    return out.decode()
+
+
+def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_conversations(
+    empty: Path,
+) -> None:
+    """Regressions (issue 12, second pass, as a newcomer): with the default relative
+    storage_path, the private Valkey could not start (it runs in its --dir, where the
+    relative socket and log paths do not exist); and Ctrl-C reached the Valkey too,
+    so the last snapshot failed ("flush failed") and the conversations were lost."""
+    # Given `gridmem serve` with defaults in an empty directory, answering residents
+    process, client = _serve(empty)
+    try:
+        sent = [
+            client.xadd(
+                "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+            )
+            for n in range(5)
+        ]
+        deadline = time.monotonic() + DEADLINE
+        while client.xlen("gm:outbound") < len(sent):
+            assert time.monotonic() < deadline, "not answered"
+            time.sleep(0.05)
+    finally:
+        # When the operator presses Ctrl-C once
+        out = _ctrl_c(process)
+        client.close()
+    # Then the service stops cleanly and writes its last snapshot
+    assert "flush failed" not in out and "ERROR" not in out, out
+    assert list((empty / "gridmem-data" / "conversations").glob("*.snap")), out
+    # And a restart in the same directory has every conversation back
+    process, client = _serve(empty)
+    try:
+        from worker import ConversationConfig, ConversationStore
+
+        store = ConversationStore(client, ConversationConfig())
+        for n in range(5):
+            said = [m.content for m in store.context(avatar(n), "im")]
+            assert said[0] == f"hi {n}" and len(said) == 2
+    finally:
+        out = _ctrl_c(process)
+        client.close()
+    assert 'sessions_restored":5' in out.replace(" ", ""), out
