@@ -15,9 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis as redis_py
 
@@ -36,10 +37,10 @@ def empty() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _serve(directory: Path) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
+def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
     """`gridmem serve`, no arguments, in `directory`; persistence on through the
     environment (the documented GRIDMEM_* override), everything else default."""
-    env = {**os.environ, "GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED": "true"}
+    env = {**os.environ, "GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED": "true", **overrides}
     env.pop("GRIDMEM_REDIS__URL", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "worker", "serve"],
@@ -112,3 +113,69 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
         out = _ctrl_c(process)
         client.close()
     assert 'sessions_restored":5' in out.replace(" ", ""), out
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # polling other processes, with a deadline
+
+
+def _answered(client: redis_py.Redis, n: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with contextlib.suppress(redis_py.ConnectionError, OSError):
+            return int(client.xlen("gm:outbound")) >= n
+        return False
+
+    return check
+
+
+def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations(
+    empty: Path,
+) -> None:
+    """Regression (issue 12, second pass, a Redis restart): nothing watched the private
+    Valkey; killed (the OOM killer), it stayed dead, the workers retried forever and no
+    one was answered until an operator restarted the service. Now the supervisor starts
+    it again, restores the newest snapshot into it, and the workers go on."""
+    process, client = _serve(empty, GRIDMEM_CONVERSATION__FLUSH_INTERVAL_SECONDS="0.2")
+    snaps = empty / "gridmem-data" / "conversations"
+    try:
+        # Given conversations answered and in a snapshot
+        for n in range(3):
+            client.xadd(
+                "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+            )
+        _until(_answered(client, 3), "the answers")
+        flushed = len(list(snaps.glob("*.snap")))
+        _until(lambda: len(list(snaps.glob("*.snap"))) >= flushed + 2, "a snapshot after them")
+        # When the private Valkey is killed
+        [server] = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "valkey" in child.name()
+        ]
+        server.kill()
+
+        # Then it is started again with the conversations, and a new message is answered
+        def answered_again() -> bool:
+            with contextlib.suppress(redis_py.ConnectionError, redis_py.ResponseError, OSError):
+                client.xadd(
+                    "gm:inbound", {"avatar_uuid": avatar(0), "channel": "im", "text": "back?"}
+                )
+                return True
+            return False
+
+        _until(answered_again, "the server to be back")
+        _until(_answered(client, 1), "an answer after the restart")
+        from worker import ConversationConfig, ConversationStore
+
+        said = [
+            m.content
+            for m in ConversationStore(client, ConversationConfig()).context(avatar(0), "im")
+        ]
+        assert said[0] == "hi 0" and said[2] == "back?", said
+    finally:
+        out = _ctrl_c(process)
+        client.close()
+    assert "private Valkey exited with -9; starting it again" in out, out

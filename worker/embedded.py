@@ -74,6 +74,12 @@ class EmbeddedValkey:
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit status once it has exited; None while it runs (or before
+        start)."""
+        return None if self._process is None else self._process.poll()
+
     def client(self, **kwargs: Any) -> redis.Redis:
         """A client over the socket, with redis-py's own retries off (see store.connect)."""
         return redis.Redis(

@@ -4,7 +4,8 @@ The supervisor starts a private Valkey when no Redis URL is configured (Unix
 socket under storage_path, directory 0700, persistence off), restores the
 newest snapshot when persistence is on, creates the consumer group, and spawns
 `worker.processes` workers (each builds its own Redis client after it starts).
-It restarts a worker that dies, sweeps idle sessions and flushes snapshots on
+It restarts a worker that dies, and the private Valkey if it dies (restoring the
+newest snapshot into it), sweeps idle sessions and flushes snapshots on
 their intervals, and stops gracefully on SIGTERM or SIGINT (workers finish the
 entry in hand, acknowledge it and exit; a last snapshot is flushed) and at
 once on a second signal.
@@ -62,6 +63,8 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._metrics_dir: Path | None = None
         self._metrics_server: Any = None
+        self._store_restarts: list[float] = []
+        self._store_not_before = 0.0
 
     def stop(self, *, immediately: bool = False) -> None:
         if self._stop.is_set() or immediately:
@@ -115,17 +118,50 @@ class Supervisor:
             clock=make_clock(settings.worker),
             snapshot_dir=snapshot_dir,
         )
-        if snapshot_dir is not None:
+        self._prepare_store()
+        self._start_metrics()
+        for slot in self._slots:
+            self._spawn(slot)
+
+    def _prepare_store(self) -> None:
+        """What a new server needs: the newest snapshot restored (persistence on), the
+        consumer group, the published layout and limits. At start, and after the
+        private Valkey was restarted."""
+        assert self.store is not None
+        if self.store.snapshots is not None:
             report = self.store.restore()
             log.info("restore: %s", report.model_dump_json(exclude={"quarantined"}))
             for bad in report.quarantined:
                 log.warning("snapshot generation %d quarantined: %s", bad.generation, bad.cause)
+        conversation = self.settings.conversation
         service = KeySpace(conversation.namespace, conversation.shards).service()
         self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
         self.store.publish_limits()
-        self._start_metrics()
-        for slot in self._slots:
-            self._spawn(slot)
+
+    def _revive_store(self) -> None:
+        """The private Valkey died (OOM killer, a stray kill): start it again, restore the
+        newest snapshot into it, and let the workers reconnect. Before, nothing watched
+        it: the workers retried forever and the service answered no one until an
+        operator restarted it. (An external server is the operator's to restart; the
+        workers wait for it and recreate the consumer group.)"""
+        embedded = self.embedded
+        if embedded is None or embedded.returncode is None or self._stop.is_set():
+            return
+        now = time.monotonic()
+        if now < self._store_not_before:
+            return
+        log.error("private Valkey exited with %s; starting it again", embedded.returncode)
+        self._store_restarts = [t for t in self._store_restarts if now - t < 60] + [now]
+        self._store_not_before = now + min(
+            RESTART_BACKOFF_MAX, 0.5 * 2 ** (len(self._store_restarts) - 1)
+        )
+        try:
+            embedded.start()
+            self._prepare_store()
+        except Exception as exc:  # keep supervising; try again after the backoff
+            log.error("starting the private Valkey again failed: %s", exc)
+            return
+        log.info("private Valkey started again on %s", embedded.socket_path)
 
     def _spawn(self, slot: Slot) -> None:
         assert self.url is not None
@@ -147,6 +183,7 @@ class Supervisor:
         while not self._stop.is_set():
             sentinels = [s.process.sentinel for s in self._slots if s.process is not None]
             multiprocessing.connection.wait(sentinels, timeout=0.5)
+            self._revive_store()
             self._restart_dead()
             now = time.monotonic()
             if now >= next_sweep:
