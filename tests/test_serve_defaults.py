@@ -179,3 +179,28 @@ def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations
         out = _ctrl_c(process)
         client.close()
     assert "private Valkey exited with -9; starting it again" in out, out
+
+
+def test_a_second_serve_in_the_same_directory_refuses_to_start(empty: Path) -> None:
+    """Regression (issue 12, second pass, a careless operator): a second `gridmem serve`
+    in the same directory started a second private Valkey on the same socket path,
+    cutting the first server off with its conversations in memory. Now it refuses,
+    saying which process holds the directory, and the first one goes on."""
+    process, client = _serve(empty)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "worker", "serve"],
+            cwd=empty,
+            capture_output=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+        assert second.returncode == 1
+        said = second.stderr.decode()
+        assert f"another gridmem serve (pid {process.pid}) is running" in said, said
+        # the first is untouched: still answering on its own server
+        client.xadd("gm:inbound", {"avatar_uuid": avatar(1), "channel": "im", "text": "hi"})
+        _until(_answered(client, 1), "the first service's answer")
+    finally:
+        _ctrl_c(process)
+        client.close()

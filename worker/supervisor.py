@@ -13,6 +13,7 @@ once on a second signal.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -63,6 +64,7 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._metrics_dir: Path | None = None
         self._metrics_server: Any = None
+        self._storage_lock: int | None = None
         self._store_restarts: list[float] = []
         self._store_not_before = 0.0
 
@@ -75,13 +77,48 @@ class Supervisor:
         if self.handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
+        if self.url is None and not self._lock_storage():
+            return 1
         try:
             self._start_store()
             self.ready.set()
             self._supervise()
         finally:
             self._shutdown()
+            if self._storage_lock is not None:
+                os.close(self._storage_lock)  # releases the lock
+                self._storage_lock = None
         return 0
+
+    def _lock_storage(self) -> bool:
+        """One service per storage_path when it holds the private Valkey.
+
+        A second `gridmem serve` in the same directory used to start a second Valkey
+        on the same socket path: the first server was cut off with its conversations
+        in memory, and both supervisors flushed their own server's sessions into one
+        snapshot directory in turn. Now the second one refuses to start. The lock
+        (flock, released by the kernel when the process ends, however it ends) is
+        held for the supervisor's lifetime; its file says which process holds it.
+        """
+        path = self.settings.storage_path
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            log.error(
+                "another gridmem serve (pid %s) is running with storage_path %s; "
+                "stop it first, or give this one its own storage_path",
+                holder,
+                path.absolute(),
+            )
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._storage_lock = fd
+        return True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("signal %s: %s", signum, "stopping now" if self._stop.is_set() else "stopping")
