@@ -204,3 +204,36 @@ def test_a_second_serve_in_the_same_directory_refuses_to_start(empty: Path) -> N
     finally:
         _ctrl_c(process)
         client.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        (
+            {"GRIDMEM_REDIS__URL": "redis://:hunter2-secret@127.0.0.1:1/0"},
+            "gridmem serve cannot start: ConnectionError",
+        ),
+        (
+            {"GRIDMEM_STORAGE_PATH": "/proc/gridmem-nope"},
+            "cannot use storage_path /proc/gridmem-nope",
+        ),
+    ],
+)
+def test_serve_that_cannot_start_says_why_in_one_line(
+    empty: Path, env: dict[str, str], said: str
+) -> None:
+    """Regression (issue 12, second pass, a careless operator): an unreachable Redis or an
+    unusable storage_path ended `gridmem serve` with a traceback from deep in redis-py
+    or pathlib. Now: exit status 1 and one line that names the problem, never the
+    URL's password."""
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", "serve"],
+        cwd=empty,
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    out = (result.stdout + result.stderr).decode()
+    assert result.returncode == 1, out
+    assert said in out and "Traceback" not in out and "hunter2" not in out, out

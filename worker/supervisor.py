@@ -27,8 +27,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import redis
+
 from worker.config import Settings
 from worker.embedded import EmbeddedValkey
+from worker.errors import GridmemError
 from worker.keys import KeySpace
 from worker.service import GROUP, make_clock, run_worker_process
 from worker.store import ConversationStore, connect
@@ -77,10 +80,16 @@ class Supervisor:
         if self.handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        if self.url is None and not self._lock_storage():
-            return 1
         try:
-            self._start_store()
+            if self.url is None and not self._lock_storage():
+                return 1
+            try:
+                self._start_store()
+            except (OSError, redis.RedisError, GridmemError) as exc:
+                # a person can act on one line (the path, the URL's host); a traceback
+                # from deep in redis-py or pathlib said less, louder
+                log.error("gridmem serve cannot start: %s: %s", type(exc).__name__, exc)
+                return 1
             self.ready.set()
             self._supervise()
         finally:
@@ -101,8 +110,12 @@ class Supervisor:
         held for the supervisor's lifetime; its file says which process holds it.
         """
         path = self.settings.storage_path
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            log.error("gridmem serve cannot use storage_path %s: %s", path.absolute(), exc)
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
