@@ -10,13 +10,18 @@ import redis as redis_py
 from tests.helpers import avatar
 from worker.errors import BadScriptArgument
 from worker.keys import KeySpace
-from worker.scripts import AttemptCount, KeyStep, Scripts, load_scripts
+from worker.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
 from worker.store import ConversationStore
 
 SCRIPTS = Scripts(load_scripts())
 SERVICE = KeySpace().service()
 A, B = avatar(1), avatar(2)
 MA, MB = f"{A}:im", f"{B}:public"
+NIL = REJECTED_MEMBER
+
+
+def _rejected(redis: redis_py.Redis) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in redis.hgetall(SERVICE.rejected).items()}
 
 
 @pytest.fixture
@@ -50,15 +55,25 @@ def test_take_files_entries_per_key_in_arrival_order(run: Any, redis: redis_py.R
         _add(redis, avatar_uuid="nope", channel="im", text="4"),
         _add(redis, avatar_uuid=A, channel="group", text="5"),
         _add(redis, channel="im", text="6"),
+        _add(redis, avatar_uuid=NIL.split(":")[0], channel="public", text="7"),  # the nil UUID
     ]
     first = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c1", count=2))
     second = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c2", count=10))
     assert [(t.entry_id, t.member, t.reason) for t in first + second] == [
         (ids[0], MA, ""), (ids[1], MB, ""), (ids[2], MA, ""),
-        (ids[3], "", "bad_uuid"), (ids[4], "", "bad_channel"), (ids[5], "", "missing_field"),
+        (ids[3], NIL, "bad_uuid"), (ids[4], NIL, "bad_channel"), (ids[5], NIL, "missing_field"),
+        (ids[6], NIL, "bad_uuid"),
     ]  # fmt: skip
     assert [x.decode() for x in redis.lrange("{gm:inbound}:mbox:" + MA, 0, -1)] == [ids[0], ids[2]]
-    assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {MA, MB}
+    # entries without a valid key wait under the reserved key, their reasons recorded
+    assert [x.decode() for x in redis.lrange("{gm:inbound}:mbox:" + NIL, 0, -1)] == ids[3:]
+    assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {MA, MB, NIL}
+    assert _rejected(redis) == {
+        ids[3]: "bad_uuid",
+        ids[4]: "bad_channel",
+        ids[5]: "missing_field",
+        ids[6]: "bad_uuid",
+    }
     assert run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c1", count=10)) == []
 
 
@@ -285,10 +300,10 @@ def test_take_files_nothing_for_undecodable_uuid_or_channel(
     bad_channel = _add(redis, avatar_uuid=A, channel=b"i\xc3m", text="x")
     taken = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=10))
     assert [(t.entry_id, t.member, t.reason) for t in taken] == [
-        (bad_uuid, "", "bad_uuid"),
-        (bad_channel, "", "bad_channel"),
+        (bad_uuid, NIL, "bad_uuid"),
+        (bad_channel, NIL, "bad_channel"),
     ]
-    assert redis.scard(SERVICE.ready) == 0
+    assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {NIL}
 
 
 @pytest.mark.parametrize("reason", ["bad_encoding", "poison"])

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -128,9 +129,19 @@ def test_a_process_killing_entry_is_dead_lettered_alone_and_bystanders_are_answe
     client.close()
 
 
-@pytest.mark.parametrize("mode", ["reject-before", "reject-after"])
+@pytest.mark.parametrize(
+    ("mode", "fields", "reason"),
+    [
+        ("reject-before", {"text": b"caf\xe9"}, "bad_encoding"),
+        ("reject-after", {"text": b"caf\xe9"}, "bad_encoding"),
+        # no valid key: before, such an entry was filed nowhere, so a death before its
+        # dead letter left it pending in the consumer group forever, never rejected
+        ("reject-before", {"avatar_uuid": "not-a-uuid", "text": "x"}, "bad_uuid"),
+        ("reject-before", {"channel": "group", "text": "x"}, "bad_channel"),
+    ],
+)
 def test_a_worker_dying_while_it_rejects_an_entry_leaves_it_dead_lettered_with_its_reason(
-    server: EmbeddedValkey, marker: Path, mode: str
+    server: EmbeddedValkey, marker: Path, mode: str, fields: dict[str, Any], reason: str
 ) -> None:
     """Issue 12 item 2 (second pass): a worker killed after it decided to reject an
     entry (here bad_encoding) and before the dead letter landed (or before the entry
@@ -138,17 +149,21 @@ def test_a_worker_dying_while_it_rejects_an_entry_leaves_it_dead_lettered_with_i
     crash made it look like a failed attempt, and with max_attempts = 1 it was
     poison), and the key's next message is answered."""
     client = redis_py.Redis.from_url(server.url, decode_responses=True)
-    bad = _send(client, 1, b"caf\xe9")
-    good = _send(client, 1, "next message")
+    entry = {"avatar_uuid": avatar(1), "channel": "im", **fields}
+    bad = str(client.xadd("gm:inbound", entry))
     crashing = Crashing(server.url, mode, marker)
     try:
+        # (sent after the death: with max_attempts = 1, a message in flight in another
+        # key when the worker died would rightly be poison)
+        crashing.until(lambda: bool(crashing.deaths), "the worker's death")
+        good = _send(client, 1, "next message")
         crashing.until(lambda: good in _replies(client), "the next message's answer")
     finally:
         crashing.stop()
     assert crashing.deaths == [-9] and marker.read_text() == mode
     dead = _dead(client)
     # at least once: a death after the dead letter landed repeats it, with the same reason
-    assert set(dead) == {(bad, "bad_encoding")}
+    assert set(dead) == {(bad, reason)}
     assert len(dead) == (1 if mode == "reject-before" else 2)
     assert bad not in _replies(client)
     assert client.xlen("gm:inbound") == 0 and not client.exists("{gm:inbound}:rejected")

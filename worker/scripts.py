@@ -346,8 +346,13 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
 @dataclass(frozen=True, slots=True)
 class TakenEntry:
     entry_id: str
-    member: str  # '' when the entry could not be filed
-    reason: str  # dead-letter code when member is ''
+    member: str  # REJECTED_MEMBER when the entry is to be dead-lettered
+    reason: str  # then its dead-letter code, else ''
+
+
+# take_inbound files entries without a valid key under this reserved one (the nil
+# UUID, which no avatar has), with their reason in {gm:inbound}:rejected.
+REJECTED_MEMBER = "00000000-0000-0000-0000-000000000000:public"
 
 
 def _parse_taken(raw: Sequence[Any]) -> list[TakenEntry]:
@@ -688,7 +693,7 @@ class Scripts:
     ) -> ScriptCall[list[TakenEntry]]:
         return self._call(
             "take_inbound",
-            (service.inbound, service.ready),
+            (service.inbound, service.ready, service.rejected),
             (group, consumer, count),
             _parse_taken,
             # a resend would read further entries; the first batch is filed anyway

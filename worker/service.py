@@ -294,10 +294,9 @@ class Worker:
             return 0
         for entry in taken:
             self._last_seen = max(self._last_seen, entry.entry_id, key=_stream_order)
-            if entry.member:
-                self._start(entry.member)
-            else:
-                await self._dead_letter(entry.entry_id, entry.reason, member="")
+            # an entry without a valid key comes filed under REJECTED_MEMBER, its reason
+            # recorded: that key's walk dead-letters it, crash-safe like any other
+            self._start(entry.member)
         return len(taken)
 
     async def _wait_for_inbound(self) -> None:
@@ -526,6 +525,7 @@ class Worker:
         await self._dead_letter(entry_id, reason, member=member)
 
     async def _dead_letter(self, entry_id: str, reason: str, *, member: str) -> None:
+        """Record the rejection on gm:dead; the caller then finishes the entry."""
         await self.store.run(
             self.scripts.dead_letter(
                 self.keys, entry_id=entry_id, reason=reason, max_entries=DEAD_MAX_ENTRIES
@@ -535,8 +535,6 @@ class Worker:
         self.stats[f"dead_lettered:{reason}"] += 1
         metrics.MESSAGES.labels("dead_lettered").inc()
         log.info("entry %s dead-lettered: %s", entry_id, reason)
-        if not member:
-            await self._finish(entry_id, "")
 
     # -- one entry ---------------------------------------------------------------------------
 
