@@ -66,20 +66,32 @@ def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], 
         time.sleep(0.05)  # polling another process's readiness, with a deadline
 
 
-def _ctrl_c(process: subprocess.Popen[bytes]) -> str:
+def _ctrl_c(process: subprocess.Popen[bytes], presses: int = 1) -> str:
+    """Ctrl-C in the terminal, once or twice (the second once the first is handled)."""
     os.killpg(process.pid, signal.SIGINT)
+    seen: list[str] = []
+    if presses == 2:
+        assert process.stdout is not None
+        for line in process.stdout:  # the supervisor logs the signal it got
+            seen.append(line.decode())
+            if "signal 2: stopping" in seen[-1]:
+                break
+        os.killpg(process.pid, signal.SIGINT)
     out, _ = process.communicate(timeout=DEADLINE)
-    assert process.returncode == 0, out.decode()
-    return out.decode()
+    said = "".join(seen) + out.decode()
+    assert process.returncode == 0, said
+    return said
 
 
+@pytest.mark.parametrize("presses", [1, 2])
 def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_conversations(
-    empty: Path,
+    empty: Path, presses: int
 ) -> None:
     """Regressions (issue 12, second pass, as a newcomer): with the default relative
     storage_path, the private Valkey could not start (it runs in its --dir, where the
-    relative socket and log paths do not exist); and Ctrl-C reached the Valkey too,
-    so the last snapshot failed ("flush failed") and the conversations were lost."""
+    relative socket and log paths do not exist); Ctrl-C reached the Valkey too, so the
+    last snapshot failed ("flush failed") and the conversations were lost; and an
+    impatient second Ctrl-C skipped the last snapshot altogether."""
     # Given `gridmem serve` with defaults in an empty directory, answering residents
     process, client = _serve(empty)
     try:
@@ -94,11 +106,12 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
             assert time.monotonic() < deadline, "not answered"
             time.sleep(0.05)
     finally:
-        # When the operator presses Ctrl-C once
-        out = _ctrl_c(process)
+        # When the operator presses Ctrl-C (once, or twice)
+        out = _ctrl_c(process, presses)
         client.close()
     # Then the service stops cleanly and writes its last snapshot
     assert "flush failed" not in out and "ERROR" not in out, out
+    assert ("stopping now" in out) == (presses == 2), out
     assert list((empty / "gridmem-data" / "conversations").glob("*.snap")), out
     # And a restart in the same directory has every conversation back
     process, client = _serve(empty)

@@ -8,7 +8,7 @@ It restarts a worker that dies, and the private Valkey if it dies (restoring the
 newest snapshot into it), sweeps idle sessions and flushes snapshots on
 their intervals, and stops gracefully on SIGTERM or SIGINT (workers finish the
 entry in hand, acknowledge it and exit; a last snapshot is flushed) and at
-once on a second signal.
+once on a second signal (workers killed; the last snapshot is still flushed).
 """
 
 from __future__ import annotations
@@ -295,7 +295,10 @@ class Supervisor:
             if process.is_alive():
                 process.kill()
                 process.join()
-        if self.store is not None and not self._now_stop.is_set():
+        if self.store is not None:
+            # Even on a second signal: an impatient Ctrl-C Ctrl-C must not cost the
+            # conversations since the last snapshot. The flush is one pass over the
+            # live sessions; the workers, the slow part, are already gone.
             if self.settings.conversation.persistence_enabled:
                 self._maintain("flush")
             self.store.close()
