@@ -59,8 +59,15 @@ def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], 
         if process.poll() is not None:
             output = process.stdout.read().decode() if process.stdout else ""
             raise AssertionError(f"gridmem serve exited with {process.returncode}:\n{output}")
-        with contextlib.suppress(redis_py.ConnectionError, redis_py.ResponseError, OSError):
-            if client.xinfo_groups("gm:inbound"):
+        with contextlib.suppress(
+            redis_py.ConnectionError, redis_py.ResponseError, OSError, psutil.Error
+        ):
+            # up: this service's own server (not one an earlier service left running),
+            # and both default workers read the stream (their stop handlers are set)
+            ours = {child.pid for child in psutil.Process(process.pid).children()}
+            if int(client.info("server")["process_id"]) in ours and (
+                len(client.xinfo_consumers("gm:inbound", "workers")) >= 2
+            ):
                 return process, client
         assert time.monotonic() < deadline, "gridmem serve did not start"
         time.sleep(0.05)  # polling another process's readiness, with a deadline
@@ -250,3 +257,51 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     out = (result.stdout + result.stderr).decode()
     assert result.returncode == 1, out
     assert said in out and "Traceback" not in out and "hunter2" not in out, out
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
+    empty: Path, how: str
+) -> None:
+    """Regressions (issue 12, second pass, a careless operator): `kill -9` of the service
+    (or the OOM killer) left its private Valkey running, holding the conversations
+    since the last snapshot; the next `gridmem serve` took its socket path and
+    restored the older snapshot, and the old server ran on, unreachable. Now the next
+    start saves the old server's conversations and stops it. Closing the terminal
+    (SIGHUP) killed the supervisor with no last snapshot; now it stops as on Ctrl-C."""
+    process, client = _serve(empty)  # snapshots only at stop: the default interval is 60 s
+    try:
+        for n in range(3):
+            client.xadd(
+                "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+            )
+        _until(_answered(client, 3), "the answers")
+        [server] = [c for c in psutil.Process(process.pid).children() if "valkey" in c.name()]
+        # When the service is killed (its whole process group, as `kill -9 -<pgid>` or a
+        # closed terminal would signal it)
+        os.killpg(process.pid, getattr(signal, how))
+        process.wait(timeout=DEADLINE)  # not its output: a server left running holds stderr
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+        client.close()
+    # Then a new `gridmem serve` in the same directory has every conversation
+    process, client = _serve(empty)
+    try:
+        from worker import ConversationConfig, ConversationStore
+
+        store = ConversationStore(client, ConversationConfig())
+        for n in range(3):
+            said = [m.content for m in store.context(avatar(n), "im")]
+            assert said[:1] == [f"hi {n}"] and len(said) == 2, said
+        # and the old server is gone (no longer answering: exited, or a zombie to reap)
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, (
+            server.status(),
+            server.pid,
+            [c.pid for c in psutil.Process(process.pid).children()],
+        )
+    finally:
+        out = _ctrl_c(process)
+        client.close()
+    if how == "SIGKILL":
+        assert "a private Valkey left by an earlier gridmem serve answers" in out, out

@@ -671,7 +671,7 @@ async def _serve(settings: Settings, url: str) -> None:
     chat = build_chat_client(settings.llm)
     worker = Worker(store, chat, settings)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # HUP: the terminal closed
         loop.add_signal_handler(sig, worker.stop)
     log.info("worker %s started (%s)", worker.name, chat.name)
     try:

@@ -6,13 +6,14 @@ newest snapshot when persistence is on, creates the consumer group, and spawns
 `worker.processes` workers (each builds its own Redis client after it starts).
 It restarts a worker that dies, and the private Valkey if it dies (restoring the
 newest snapshot into it), sweeps idle sessions and flushes snapshots on
-their intervals, and stops gracefully on SIGTERM or SIGINT (workers finish the
+their intervals, and stops gracefully on SIGTERM, SIGINT or SIGHUP (workers finish the
 entry in hand, acknowledge it and exit; a last snapshot is flushed) and at
 once on a second signal (workers killed; the last snapshot is still flushed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import multiprocessing
@@ -78,7 +79,8 @@ class Supervisor:
 
     def run(self) -> int:
         if self.handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            # SIGHUP: the terminal or SSH session closed; stop as gracefully as on Ctrl-C
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
         try:
             if self.url is None and not self._lock_storage():
@@ -155,6 +157,7 @@ class Supervisor:
     def _start_store(self) -> None:
         settings = self.settings
         if self.url is None:
+            self._retire_orphan()
             self.embedded = EmbeddedValkey(settings.storage_path / "valkey").start()
             self.url = self.embedded.url
             log.info("private Valkey started on %s", self.embedded.socket_path)
@@ -172,6 +175,53 @@ class Supervisor:
         self._start_metrics()
         for slot in self._slots:
             self._spawn(slot)
+
+    def _retire_orphan(self) -> None:
+        """A private Valkey an earlier `gridmem serve` left running (it was killed with
+        SIGKILL, or by the OOM killer: the server, in its own process group, outlives
+        it) still holds that service's live conversations. Write them to a snapshot
+        (persistence on), then shut it down; the new server restores them. Before,
+        the new server took its socket path and the old one ran on, unreachable."""
+        socket_path = (self.settings.storage_path / "valkey" / "valkey.sock").absolute()
+        if not socket_path.exists():
+            return
+        client = connect(f"unix://{socket_path}", socket_timeout=10)
+        try:
+            try:
+                client.ping()
+            except (redis.RedisError, OSError):
+                return  # a stale socket file: nothing answers; EmbeddedValkey replaces it
+            log.warning(
+                "a private Valkey left by an earlier gridmem serve answers on %s: "
+                "saving its conversations and stopping it",
+                socket_path,
+            )
+            conversation = self.settings.conversation
+            if conversation.persistence_enabled:
+                try:
+                    info = ConversationStore(
+                        client,
+                        conversation,
+                        clock=make_clock(self.settings.worker),
+                        snapshot_dir=self.settings.storage_path / "conversations",
+                    ).flush()
+                    if info is not None:
+                        log.info(
+                            "snapshot generation %d: %d sessions", info.generation, info.sessions
+                        )
+                except Exception as exc:  # stop it anyway: the older snapshots remain
+                    log.error("saving the earlier server's conversations failed: %s", exc)
+            with contextlib.suppress(redis.RedisError, OSError):
+                client.shutdown(nosave=True)  # it closes the connection: no reply
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until it is gone, so one server is up
+                try:
+                    client.ping()
+                except (redis.RedisError, OSError):
+                    break
+                time.sleep(0.05)  # polling another process's exit, with a deadline
+        finally:
+            client.close()
 
     def _prepare_store(self) -> None:
         """What a new server needs: the newest snapshot restored (persistence on), the
