@@ -1,20 +1,21 @@
--- claim_key: take the lease on one conversation key and get its oldest waiting entry.
+-- claim_key: take the lease on one conversation key and see its oldest waiting entry.
 -- One worker at a time answers a key, oldest entry first; the lease expires if
--- that worker dies, and any worker may then claim the key. Every claim that
--- hands out the head starts an attempt at it, counted here in the same step
--- (count_attempt in lib.lua), so attempts survive adoptions and worker restarts
--- and the worker can dead-letter an entry that keeps failing (reason poison).
+-- that worker dies, and any worker may then claim the key. The claim counts no
+-- attempt (begin_attempt does, once the worker is about to run one): it says how
+-- many attempts at the head have ended, how many of those ended without a word
+-- (their worker died or stalled: the entry is a suspect, run alone), and the
+-- reason a worker already decided to reject it with, if one did before dying.
 -- KEYS[1] = {gm:inbound}:ready     (set)   keys with entries waiting
--- KEYS[2] = {gm:inbound}:attempts  (hash)  entry ID -> '<attempts>:<token of the last attempt>'
+-- KEYS[2] = {gm:inbound}:attempts  (hash)  entry ID -> '<attempts>:<with a word>:<last token>'
+-- KEYS[3] = {gm:inbound}:rejected  (hash)  entry ID -> dead-letter reason decided for it
 -- ARGV[1] = member '<uuid>:<channel>'
 -- ARGV[2] = owner: this worker's name
 -- ARGV[3] = lease_ms (>= 1)
--- ARGV[4] = token: names this attempt; the token already counted for the head counts nothing
--- ARGV[5] = also: '' or an earlier token of this worker, whose attempt this one resumes
---           uncounted (after a connection fault)
--- Returns: {'ok', entry_id, attempts} (now owned by this worker; attempts >= 1 counts this one),
---          {'busy'} (another worker owns it), {'empty'} (nothing waiting; the key leaves the
---          ready set)
+-- ARGV[4] = also: '' or the token of this worker's attempt in hand (after a connection
+--           fault), which has not ended
+-- Returns: {'ok', entry_id, ended_attempts, silent_attempts, rejected_reason or ''} (now owned
+--          by this worker), {'busy'} (another worker owns it), {'empty'} (nothing waiting;
+--          the key leaves the ready set)
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's mailbox and owner lease are named by mailbox_keys(), inside KEYS[1]'s hash tag.
@@ -22,9 +23,8 @@
 local member = arg_member('member', ARGV[1])
 local owner = arg_str('owner', ARGV[2], '^[%w%-_.:]+$')
 local lease = arg_int('lease_ms', ARGV[3], 1)
-local token = arg_str('token', ARGV[4], '^[%w%-_.:]+$')
 local also = ''
-if ARGV[5] ~= '' then also = arg_str('also', ARGV[5], '^[%w%-_.:]+$') end
+if ARGV[4] ~= '' then also = arg_str('also', ARGV[4], '^[%w%-_.]+$') end
 local err = arg_error()
 if err then return err end
 
@@ -38,4 +38,6 @@ if not head then
   return { 'empty' }
 end
 redis.call('SET', owner_key, owner, 'PX', lease)
-return { 'ok', head, count_attempt(KEYS[2], head, token, also) }
+local ended, silent = peek_attempts(KEYS[2], head, also)
+local rejected = redis.call('HGET', KEYS[3], head) or ''
+return { 'ok', head, ended, silent, rejected }

@@ -1,21 +1,22 @@
 -- finish_entry: an inbound entry is done: acknowledge it, delete it, and hand over the next one.
 -- Deleting the entry means residents' raw words do not stay in the inbound stream
--- once answered (the store keeps only redacted text). Its attempts counter goes
--- with it. With a member, the entry leaves that key's mailbox; the owner keeps
--- the lease and gets the next entry (an attempt at it starts: counted as in
--- claim_key), or releases the key when asked to (shutting down) or when nothing
--- is waiting.
+-- once answered (the store keeps only redacted text). Its attempts counter and
+-- rejection record go with it. With a member, the entry leaves that key's
+-- mailbox; the owner keeps the lease and sees the next entry (as claim_key shows
+-- it: no attempt is counted), or releases the key when asked to (shutting down)
+-- or when nothing is waiting.
 -- KEYS[1] = gm:inbound              (stream)  inbound entries
 -- KEYS[2] = {gm:inbound}:ready      (set)     keys with entries waiting
--- KEYS[3] = {gm:inbound}:attempts   (hash)    entry ID -> '<attempts>:<token of the last attempt>'
+-- KEYS[3] = {gm:inbound}:attempts   (hash)    entry ID -> '<attempts>:<with a word>:<last token>'
+-- KEYS[4] = {gm:inbound}:rejected   (hash)    entry ID -> dead-letter reason decided for it
 -- ARGV[1] = group name
 -- ARGV[2] = entry ID
 -- ARGV[3] = member '<uuid>:<channel>', '' for an entry filed nowhere (dead-lettered)
 -- ARGV[4] = owner: this worker's name
 -- ARGV[5] = lease_ms (>= 1)
 -- ARGV[6] = release (0|1): give the key up even if entries wait
--- ARGV[7] = token naming the attempt at the next entry, if one is handed over
--- Returns: {'ok', next_entry_id, attempts} (still owned), {'empty'}, {'released'},
+-- Returns: {'ok', next_entry_id, ended_attempts, silent_attempts, rejected_reason or ''}
+--          (still owned; as claim_key), {'empty'}, {'released'},
 --          {'done'} (no member), {'lost'} (the lease had passed to another worker,
 --          which answers the rest)
 -- Flags:   none (writes: refused whole while the server is out of memory)
@@ -29,13 +30,13 @@ if ARGV[3] ~= '' then member = arg_member('member', ARGV[3]) end
 local owner = arg_str('owner', ARGV[4], '^[%w%-_.:]+$')
 local lease = arg_int('lease_ms', ARGV[5], 1)
 local release = arg_int('release', ARGV[6], 0, 1)
-local token = arg_str('token', ARGV[7], '^[%w%-_.:]+$')
 local err = arg_error()
 if err then return err end
 
 redis.call('XACK', KEYS[1], group, id)
 redis.call('XDEL', KEYS[1], id)
 redis.call('HDEL', KEYS[3], id)
+redis.call('HDEL', KEYS[4], id)
 if member == '' then return { 'done' } end
 local mailbox, owner_key = mailbox_keys(shard_prefix(KEYS[2]), member)
 redis.call('LREM', mailbox, 1, id)
@@ -51,4 +52,5 @@ if release == 1 then
   return { 'released' }
 end
 redis.call('PEXPIRE', owner_key, lease)
-return { 'ok', head, count_attempt(KEYS[3], head, token, '') }
+local ended, silent = peek_attempts(KEYS[3], head, '')
+return { 'ok', head, ended, silent, redis.call('HGET', KEYS[4], head) or '' }

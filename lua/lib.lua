@@ -234,29 +234,49 @@ local function mailbox_keys(prefix, member)
   return prefix .. 'mbox:' .. member, prefix .. 'owner:' .. member
 end
 
--- Count one more attempt at inbound entry `id` in the attempts hash (field: the
--- entry ID, value '<attempts>:<token>'), unless this attempt is counted already.
--- A worker names each attempt with a token of its own: a call that repeats the
--- counted token (a resend after a connection fault) counts nothing, and `also`
--- (an earlier token of the same worker, or '') lets a worker resume the attempt
--- it had in hand when Redis became unreachable, renamed to `token`, uncounted.
--- So connection faults never add up to poison; new tries, and adoptions of a
--- dead or stalled worker's key, do. Returns the attempts so far.
-local function count_attempt(attempts, id, token, also)
-  local n, last = 0, ''
+-- Attempts at inbound entry `id`, kept in the attempts hash (field: the entry ID,
+-- value '<attempts>:<ended with a word>:<token of the last attempt>'). An attempt
+-- "ends with a word" when its worker reported it failed (it raised and the worker
+-- tried again); any other earlier attempt ended without a word: its worker died,
+-- was killed or stalled past its lease. Returns attempts, with a word, last token.
+local function read_attempts(attempts, id)
   local seen = redis.call('HGET', attempts, id)
-  if seen then
-    local count, mark = string.match(seen, '^(%d+):(.*)$')
-    n, last = tonumber(count) or 0, mark or ''
+  if not seen then return 0, 0, '' end
+  local n, w, last = string.match(seen, '^(%d+):(%d+):(.*)$')
+  if n then return tonumber(n), math.min(tonumber(w), tonumber(n)), last end
+  n, last = string.match(seen, '^(%d+):(.*)$')  -- written before the word count was kept
+  return tonumber(n) or 0, 0, last or ''
+end
+
+-- What the key's owner needs to know before it starts an attempt at `id`, without
+-- counting one: attempts that ended (the one named `also`, this worker's attempt
+-- in hand before a connection fault, has not ended), and how many of those ended
+-- without a word. Returns ended, silent.
+local function peek_attempts(attempts, id, also)
+  local n, w, last = read_attempts(attempts, id)
+  if also ~= '' and last == also then n = n - 1 end
+  return n, math.max(n - w, 0)
+end
+
+-- Count one more attempt at inbound entry `id`, unless it is counted already. A
+-- worker names each attempt with a token of its own: a call that repeats the
+-- counted token (a resend) counts nothing; `also` (an earlier token of the same
+-- worker, or '') resumes the attempt it had in hand when Redis became
+-- unreachable, renamed to `token`, uncounted; `failed` (the token of this
+-- worker's previous attempt, which raised, or '') records that it ended with a
+-- word. So connection faults never add up to poison; new tries, and adoptions of
+-- a dead or stalled worker's key, do. Returns attempts (this one included) and
+-- how many earlier ones ended without a word.
+local function count_attempt(attempts, id, token, also, failed)
+  local n, w, last = read_attempts(attempts, id)
+  if last == token or (last ~= '' and last == also) then
+    redis.call('HSET', attempts, id, n .. ':' .. w .. ':' .. token)
+    return n, math.max(n - 1 - w, 0)
   end
-  if last == token then return n end
-  if last ~= '' and last == also then
-    redis.call('HSET', attempts, id, n .. ':' .. token)
-    return n
-  end
+  if last ~= '' and last == failed then w = w + 1 end
   n = n + 1
-  redis.call('HSET', attempts, id, n .. ':' .. token)
-  return n
+  redis.call('HSET', attempts, id, n .. ':' .. w .. ':' .. token)
+  return n, math.max(n - 1 - w, 0)
 end
 
 -- The shard context every session-ending script builds from its KEYS and ARGV:

@@ -1,16 +1,22 @@
 -- take_inbound: read new inbound entries for this worker and file each under its conversation key.
 -- Reading and filing happen in one atomic step, so every key's mailbox lists its
 -- entries in stream (arrival) order, whichever worker read them. The worker that
--- owns a key (claim_key) answers its mailbox in order. Entries without a valid
--- avatar UUID and channel are returned with a reason and filed nowhere: the
--- reader dead-letters them. Fields are compared as bytes, never decoded, so a
--- UUID or channel holding bytes that are not UTF-8 is just not a valid one.
--- KEYS[1] = gm:inbound           (stream)  inbound entries
--- KEYS[2] = {gm:inbound}:ready   (set)     keys with entries waiting
+-- owns a key (claim_key) answers its mailbox in order. An entry without a valid
+-- avatar UUID and channel (the nil UUID is none: no avatar has it) is filed, with
+-- its dead-letter reason in the rejected hash, under the reserved key of the nil
+-- UUID: whichever worker claims that key dead-letters it, and if that worker
+-- dies first the key is adopted like any other, so no such entry is stranded
+-- between this read and its dead letter. Fields are compared as bytes, never
+-- decoded, so a UUID or channel holding bytes that are not UTF-8 is just not a
+-- valid one.
+-- KEYS[1] = gm:inbound              (stream)  inbound entries
+-- KEYS[2] = {gm:inbound}:ready      (set)     keys with entries waiting
+-- KEYS[3] = {gm:inbound}:rejected   (hash)    entry ID -> dead-letter reason decided for it
 -- ARGV[1] = group name
 -- ARGV[2] = consumer name
 -- ARGV[3] = count: most entries to take (1..1000)
--- Returns: {{entry_id, member '<uuid>:<channel>' or '', reason ('' or a dead-letter code)}, ...}
+-- Returns: {{entry_id, member '<uuid>:<channel>', reason ('' or a dead-letter code)}, ...};
+--          an entry with a reason is filed under '00000000-0000-0000-0000-000000000000:public'
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 --          "GM_NOGROUP <group>" when the stream or the group is gone (the server lost its data)
@@ -22,6 +28,7 @@ local count = arg_int('count', ARGV[3], 1, 1000)
 local err = arg_error()
 if err then return err end
 
+local NIL_UUID = '00000000-0000-0000-0000-000000000000'
 local prefix = shard_prefix(KEYS[2])
 local reply = {}
 local ok, read = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
@@ -41,15 +48,19 @@ for _, entry in ipairs(entries or {}) do
   local member, reason = '', ''
   if uuid == nil or channel == nil then
     reason = 'missing_field'
-  elseif not string.match(string.lower(uuid), UUID_PATTERN) then
+  elseif not string.match(string.lower(uuid), UUID_PATTERN) or string.lower(uuid) == NIL_UUID then
     reason = 'bad_uuid'
   elseif TTL_MS[channel] == nil then
     reason = 'bad_channel'
-  else
-    member = string.lower(uuid) .. ':' .. channel
-    redis.call('RPUSH', (mailbox_keys(prefix, member)), id)
-    redis.call('SADD', KEYS[2], member)
   end
+  if reason == '' then
+    member = string.lower(uuid) .. ':' .. channel
+  else
+    member = NIL_UUID .. ':public'
+    redis.call('HSET', KEYS[3], id, reason)
+  end
+  redis.call('RPUSH', (mailbox_keys(prefix, member)), id)
+  redis.call('SADD', KEYS[2], member)
   reply[#reply + 1] = { id, member, reason }
 end
 return reply

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.test_inbound import INVISIBLE_ONLY
 from worker.config import LlmSettings
 from worker.llm import (
     OFFLINE_LABEL,
@@ -19,6 +20,7 @@ from worker.llm import (
     clean_reply,
     offline_reply,
 )
+from worker.localllm import MALFORMED, MARK, LocalChatServer
 
 MESSAGES = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hello"}]
 
@@ -116,6 +118,7 @@ def test_offline_responder_is_deterministic_and_says_what_it_is() -> None:
         ("\x00\x01\x1b\x7f\x9f", None),  # control characters only
         ("\u200b\u200d\u2060\ufeff\u00ad", None),  # invisible format characters only
         ("\ud800\udfff", None),  # nothing but what could not be stored
+        *((text, None) for text in INVISIBLE_ONLY),  # issue 12, second pass
     ],
 )
 def test_clean_reply(reply: str, cleaned: str | None) -> None:
@@ -130,3 +133,52 @@ def test_clean_reply_cuts_on_a_character_boundary_under_the_ceiling() -> None:
     cut = clean_reply(reply, 1001)
     assert cut == "é" * 500  # 1000 bytes: the character cut in half is dropped whole
     assert clean_reply("abc", 3) == "abc"
+
+
+# -- second pass: every call bounded, every malformed body a failure at once ---------------
+
+
+def _local(server: LocalChatServer, **settings: Any) -> OpenAICompatible:
+    config = {"timeout_seconds": 0.3, "max_retries": 1, "retry_wait_seconds": 0.001, **settings}
+    return OpenAICompatible(LlmSettings(base_url=server.url, **config))
+
+
+async def _ask(client: OpenAICompatible) -> str:
+    try:
+        # the bound here only turns a hang into a failure; the client must end far sooner
+        return await asyncio.wait_for(client.complete(MESSAGES), 30)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("fault", ["trickle", "headers-stall"])
+def test_a_server_that_trickles_or_stalls_after_its_headers_is_cut_off(fault: str) -> None:
+    """Regression (issue 12, second pass): the timeout was per read, so a server sending
+    one byte at a time (each read on time) held the call, and its entry, forever.
+    Now each try has one deadline for the whole exchange; then the retry path."""
+    with LocalChatServer(faults=[fault, fault], stall_seconds=60, trickle_seconds=0.02) as server:
+        with pytest.raises(LlmUnavailable, match=r"deadline|ReadTimeout"):
+            asyncio.run(_ask(_local(server)))
+        assert len(server.requests) == 2  # one try and one retry, each cut off
+
+
+def test_an_over_large_body_is_abandoned_and_not_retried() -> None:
+    """A 200 whose body is larger than any reply could be (no Content-Length, read
+    until close) is abandoned unread past MAX_BODY_BYTES: no retry, no memory blow-up."""
+    with LocalChatServer(faults=["huge", "huge"]) as server:
+        with pytest.raises(LlmUnavailable, match="response too large"):
+            asyncio.run(_ask(_local(server, timeout_seconds=20)))
+        assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("fault", sorted(MALFORMED))
+def test_a_malformed_200_is_a_failure_at_once_and_says_nothing_of_the_body(fault: str) -> None:
+    """Issue 12, second pass: a 200 that is not a usable chat completion (not JSON, no
+    choices, a content that is a list or null) fails the call at once: the same server
+    would say the same, so no retry storm; the error holds none of the body."""
+    with LocalChatServer(faults=[fault, fault]) as server:
+        with pytest.raises(LlmUnavailable) as caught:
+            asyncio.run(_ask(_local(server)))
+        assert len(server.requests) == 1
+    assert MARK not in str(caught.value) and caught.value.__cause__ is None
+    assert str(caught.value) in {"malformed response", "empty response"}

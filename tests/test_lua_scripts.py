@@ -308,10 +308,12 @@ def _wrapper_calls() -> dict[str, Any]:
         "publish_layout": s.publish_layout("gm:layout", namespace="gm", prefixes=["gm:{0}:"]),
         "ensure_group": s.ensure_group(SERVICE, group="g"),
         "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
-        "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1, token="t"),
+        "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1),
+        "begin_attempt": s.begin_attempt(
+            SERVICE, member=MEMBER, owner="w", entry_id="1-0", token="t"
+        ),
         "finish_entry": s.finish_entry(
             SERVICE, group="g", entry_id="1-0", member=MEMBER, owner="w", lease_ms=1, release=False,
-            token="t",
         ),
         "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),

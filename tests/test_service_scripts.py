@@ -10,13 +10,18 @@ import redis as redis_py
 from tests.helpers import avatar
 from worker.errors import BadScriptArgument
 from worker.keys import KeySpace
-from worker.scripts import Scripts, load_scripts
+from worker.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
 from worker.store import ConversationStore
 
 SCRIPTS = Scripts(load_scripts())
 SERVICE = KeySpace().service()
 A, B = avatar(1), avatar(2)
 MA, MB = f"{A}:im", f"{B}:public"
+NIL = REJECTED_MEMBER
+
+
+def _rejected(redis: redis_py.Redis) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in redis.hgetall(SERVICE.rejected).items()}
 
 
 @pytest.fixture
@@ -31,6 +36,7 @@ def _add(redis: redis_py.Redis, **fields: str | bytes) -> str:
 def test_keys_share_the_inbound_slot() -> None:
     assert SERVICE.inbound == "gm:inbound" and SERVICE.ready == "{gm:inbound}:ready"
     assert SERVICE.attempts == "{gm:inbound}:attempts"
+    assert SERVICE.rejected == "{gm:inbound}:rejected"
     assert (SERVICE.outbound, SERVICE.dead) == ("gm:outbound", "gm:dead")
 
 
@@ -49,15 +55,25 @@ def test_take_files_entries_per_key_in_arrival_order(run: Any, redis: redis_py.R
         _add(redis, avatar_uuid="nope", channel="im", text="4"),
         _add(redis, avatar_uuid=A, channel="group", text="5"),
         _add(redis, channel="im", text="6"),
+        _add(redis, avatar_uuid=NIL.split(":")[0], channel="public", text="7"),  # the nil UUID
     ]
     first = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c1", count=2))
     second = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c2", count=10))
     assert [(t.entry_id, t.member, t.reason) for t in first + second] == [
         (ids[0], MA, ""), (ids[1], MB, ""), (ids[2], MA, ""),
-        (ids[3], "", "bad_uuid"), (ids[4], "", "bad_channel"), (ids[5], "", "missing_field"),
+        (ids[3], NIL, "bad_uuid"), (ids[4], NIL, "bad_channel"), (ids[5], NIL, "missing_field"),
+        (ids[6], NIL, "bad_uuid"),
     ]  # fmt: skip
     assert [x.decode() for x in redis.lrange("{gm:inbound}:mbox:" + MA, 0, -1)] == [ids[0], ids[2]]
-    assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {MA, MB}
+    # entries without a valid key wait under the reserved key, their reasons recorded
+    assert [x.decode() for x in redis.lrange("{gm:inbound}:mbox:" + NIL, 0, -1)] == ids[3:]
+    assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {MA, MB, NIL}
+    assert _rejected(redis) == {
+        ids[3]: "bad_uuid",
+        ids[4]: "bad_channel",
+        ids[5]: "missing_field",
+        ids[6]: "bad_uuid",
+    }
     assert run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c1", count=10)) == []
 
 
@@ -78,17 +94,21 @@ def _filed(run: Any, redis: redis_py.Redis, n: int) -> list[str]:
     return ids
 
 
-def _claim(run: Any, owner: str, token: str, also: str = "", member: str = MA) -> Any:
+def _claim(run: Any, owner: str, also: str = "", member: str = MA) -> Any:
+    return run(SCRIPTS.claim_key(SERVICE, member=member, owner=owner, lease_ms=10_000, also=also))
+
+
+def _begin(
+    run: Any, owner: str, entry: str, token: str, *, also: str = "", failed: str = ""
+) -> Any:
     return run(
-        SCRIPTS.claim_key(
-            SERVICE, member=member, owner=owner, lease_ms=10_000, token=token, also=also
+        SCRIPTS.begin_attempt(
+            SERVICE, member=MA, owner=owner, entry_id=entry, token=token, also=also, failed=failed
         )
     )
 
 
-def _finish(
-    run: Any, entry: str, owner: str = "w1", release: bool = False, token: str = "next"
-) -> Any:
+def _finish(run: Any, entry: str, owner: str = "w1", release: bool = False) -> Any:
     return run(
         SCRIPTS.finish_entry(
             SERVICE,
@@ -98,7 +118,6 @@ def _finish(
             owner=owner,
             lease_ms=10_000,
             release=release,
-            token=token,
         )
     )
 
@@ -109,21 +128,24 @@ def _attempts(redis: redis_py.Redis) -> dict[str, str]:
 
 def test_claim_finish_walk_a_mailbox(run: Any, redis: redis_py.Redis) -> None:
     ids = _filed(run, redis, 3)
-    step = _claim(run, "w1", "t1")
-    assert (step.state, step.entry_id, step.attempts) == ("ok", ids[0], 1)
-    assert _claim(run, "w2", "u1").state == "busy"
-    assert _claim(run, "w1", "t1").entry_id == ids[0]  # the owner may claim again: same head
+    step = _claim(run, "w1")
+    assert step == KeyStep("ok", ids[0], 0, 0, "")  # a claim counts no attempt
+    assert _claim(run, "w2").state == "busy"
+    assert _claim(run, "w1").entry_id == ids[0]  # the owner may claim again: same head
+    assert _attempts(redis) == {}
+    assert _begin(run, "w1", ids[0], "t1") == AttemptCount("ok", 1, 0)
 
-    first = _finish(run, ids[0], token="t2")
-    assert (first.state, first.entry_id, first.attempts) == ("ok", ids[1], 1)
-    assert _finish(run, ids[0], token="t2") == first  # a resend hands over the same, uncounted
+    first = _finish(run, ids[0])
+    assert first == KeyStep("ok", ids[1], 0, 0, "")
+    assert _finish(run, ids[0]) == first  # a resend hands over the same
     assert redis.xlen(SERVICE.inbound) == 2  # acknowledged and deleted: no raw words left
-    assert _attempts(redis) == {ids[1]: "1:t2"}  # the finished entry's counter went with it
+    assert _attempts(redis) == {}  # the finished entry's counter went with it
     assert _finish(run, ids[1], release=True).state == "released"
     assert run(SCRIPTS.orphaned_keys(SERVICE, sample=10)) == [MA]
-    assert _claim(run, "w2", "u2").entry_id == ids[2]
-    assert _finish(run, ids[2], owner="w1").state == "lost"  # w2 owns it now
-    assert _claim(run, "w2", "u3").state == "empty"
+    assert _claim(run, "w2").entry_id == ids[2]
+    assert _begin(run, "w1", ids[2], "x") == AttemptCount("lost")  # w2 owns it now
+    assert _finish(run, ids[2], owner="w1").state == "lost"
+    assert _claim(run, "w2").state == "empty"
     assert not redis.exists("{gm:inbound}:owner:" + MA) and not redis.sismember(SERVICE.ready, MA)
     assert redis.xpending(SERVICE.inbound, "g")["pending"] == 0
     assert _attempts(redis) == {}  # bounded: nothing is left once every entry is finished
@@ -132,32 +154,60 @@ def test_claim_finish_walk_a_mailbox(run: Any, redis: redis_py.Redis) -> None:
 def test_attempts_count_new_tries_and_adoptions_not_resends(
     run: Any, redis: redis_py.Redis
 ) -> None:
-    """Regression (issue 12, poison): attempts at an entry are counted in Redis with the
-    claim, across owners, so an entry that keeps failing or killing its worker can be
+    """Regression (issue 12, poison): attempts at an entry are counted in Redis when they
+    start, across owners, so an entry that keeps failing or killing its worker can be
     dead-lettered; a resend or a resume after a connection fault counts nothing."""
     ids = _filed(run, redis, 2)
-    # Given w1 claims the head, fails, and tries again under a new token
-    assert _claim(run, "w1", "a").attempts == 1
-    assert _claim(run, "w1", "a").attempts == 1  # a resend of the same claim
-    assert _claim(run, "w1", "b").attempts == 2  # a new attempt
-    # When w1 dies holding it (its lease runs out) and w2 adopts the key
+    # Given w1 starts an attempt, fails (a word: it raised), and tries again
+    _claim(run, "w1")
+    assert _begin(run, "w1", ids[0], "a") == AttemptCount("ok", 1, 0)
+    assert _begin(run, "w1", ids[0], "a") == AttemptCount("ok", 1, 0)  # a resend
+    assert _begin(run, "w1", ids[0], "b", failed="a") == AttemptCount("ok", 2, 0)
+    assert _attempts(redis) == {ids[0]: "2:1:b"}
+    # When w1 dies in attempt b (its lease runs out) and w2 adopts the key
     redis.delete("{gm:inbound}:owner:" + MA)
-    adopted = _claim(run, "w2", "c")
-    # Then the adoption counts: the dead worker's attempt ended without a word
-    assert (adopted.entry_id, adopted.attempts) == (ids[0], 3)
-    # And a resume naming the attempt in hand renames it without counting
-    assert _claim(run, "w2", "d", also="c").attempts == 3
-    assert _attempts(redis) == {ids[0]: "3:d"}
-    assert _claim(run, "w2", "e", also="zzz").attempts == 4  # a stranger's token counts
-    # And the hand-over to the next entry starts its own count
-    nxt = _finish(run, ids[0], owner="w2", token="f")
-    assert (nxt.entry_id, nxt.attempts) == (ids[1], 1)
-    assert _attempts(redis) == {ids[1]: "1:f"}
+    adopted = _claim(run, "w2")
+    # Then the claim shows two ended attempts, one of them without a word: a suspect
+    assert (adopted.entry_id, adopted.attempts, adopted.silent) == (ids[0], 2, 1)
+    assert _begin(run, "w2", ids[0], "c") == AttemptCount("ok", 3, 1)
+    # And a resume naming the attempt in hand neither counts it nor calls it ended
+    assert _claim(run, "w2", also="c") == KeyStep("ok", ids[0], 2, 1, "")
+    assert _begin(run, "w2", ids[0], "d", also="c") == AttemptCount("ok", 3, 1)
+    assert _attempts(redis) == {ids[0]: "3:1:d"}
+    assert _begin(run, "w2", ids[0], "e", also="zzz").attempts == 4  # a stranger's token counts
+    assert _begin(run, "w2", ids[0], "f", failed="zzz") == AttemptCount("ok", 5, 3)
+    # And the hand-over to the next entry starts its own count, at none
+    nxt = _finish(run, ids[0], owner="w2")
+    assert (nxt.entry_id, nxt.attempts, nxt.silent) == (ids[1], 0, 0)
+    assert _attempts(redis) == {}
+
+
+def test_counters_written_before_the_word_count_are_read(run: Any, redis: redis_py.Redis) -> None:
+    """A counter in the earlier '<attempts>:<token>' form (a worker of the previous
+    version, same server) reads as that many attempts, all without a word."""
+    ids = _filed(run, redis, 1)
+    redis.hset(SERVICE.attempts, ids[0], "2:old.7")
+    assert _claim(run, "w1") == KeyStep("ok", ids[0], 2, 2, "")
+    assert _begin(run, "w1", ids[0], "n") == AttemptCount("ok", 3, 2)
+
+
+def test_a_rejection_decided_before_a_crash_is_shown_to_the_next_claim(
+    run: Any, redis: redis_py.Redis
+) -> None:
+    """Issue 12 item 2: the worker writes its rejection reason before the dead letter;
+    the next claim of the key (or hand-over) shows it, and finish_entry deletes it."""
+    ids = _filed(run, redis, 2)
+    redis.hset(SERVICE.rejected, ids[0], "bad_encoding")
+    redis.hset(SERVICE.rejected, ids[1], "oversized")
+    assert _claim(run, "w1") == KeyStep("ok", ids[0], 0, 0, "bad_encoding")
+    assert _finish(run, ids[0]) == KeyStep("ok", ids[1], 0, 0, "oversized")
+    assert _finish(run, ids[1]).state == "empty"
+    assert not redis.exists(SERVICE.rejected)
 
 
 def test_finish_empty_and_done(run: Any, redis: redis_py.Redis) -> None:
     [only] = _filed(run, redis, 1)
-    _claim(run, "w", "t")
+    _claim(run, "w")
     step = run(
         SCRIPTS.finish_entry(
             SERVICE,
@@ -167,7 +217,6 @@ def test_finish_empty_and_done(run: Any, redis: redis_py.Redis) -> None:
             owner="w",
             lease_ms=1,
             release=False,
-            token="t2",
         )
     )
     assert step.state == "empty" and not redis.exists("{gm:inbound}:owner:" + MA)
@@ -182,7 +231,6 @@ def test_finish_empty_and_done(run: Any, redis: redis_py.Redis) -> None:
             owner="w",
             lease_ms=1,
             release=False,
-            token="t3",
         )
     )
     assert done.state == "done" and redis.xlen(SERVICE.inbound) == 0
@@ -191,7 +239,7 @@ def test_finish_empty_and_done(run: Any, redis: redis_py.Redis) -> None:
 
 def test_renew_lease(run: Any, redis: redis_py.Redis) -> None:
     _filed(run, redis, 1)
-    run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1000, token="t"))
+    run(SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1000))
     assert run(SCRIPTS.renew_lease(SERVICE, member=MA, owner="w", lease_ms=90_000)) is True
     assert redis.pttl("{gm:inbound}:owner:" + MA) > 60_000
     assert run(SCRIPTS.renew_lease(SERVICE, member=MA, owner="other", lease_ms=90_000)) is False
@@ -252,10 +300,10 @@ def test_take_files_nothing_for_undecodable_uuid_or_channel(
     bad_channel = _add(redis, avatar_uuid=A, channel=b"i\xc3m", text="x")
     taken = run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=10))
     assert [(t.entry_id, t.member, t.reason) for t in taken] == [
-        (bad_uuid, "", "bad_uuid"),
-        (bad_channel, "", "bad_channel"),
+        (bad_uuid, NIL, "bad_uuid"),
+        (bad_channel, NIL, "bad_channel"),
     ]
-    assert redis.scard(SERVICE.ready) == 0
+    assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {NIL}
 
 
 @pytest.mark.parametrize("reason", ["bad_encoding", "poison"])
@@ -265,19 +313,27 @@ def test_dead_letter_knows_the_new_reasons(run: Any, redis: redis_py.Redis, reas
     assert fields == {b"id": b"5-1", b"reason": reason.encode()}
 
 
+def _BEGIN(**override: str) -> Any:
+    args = {"member": MA, "owner": "w", "entry_id": "1-0", "token": "t", **override}
+    return SCRIPTS.begin_attempt(SERVICE, **args)
+
+
 @pytest.mark.parametrize(
     ("call", "field"),
     [
         (SCRIPTS.ensure_group(SERVICE, group="bad group"), "group"),
         (SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=0), "count"),
         (SCRIPTS.take_inbound(SERVICE, group="g", consumer="", count=1), "consumer"),
-        (SCRIPTS.claim_key(SERVICE, member="x", owner="w", lease_ms=1, token="t"), "member"),
-        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=0, token="t"), "lease_ms"),
-        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, token=""), "token"),
-        (
-            SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, token="t", also="a b"),
-            "also",
-        ),
+        (SCRIPTS.claim_key(SERVICE, member="x", owner="w", lease_ms=1), "member"),
+        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=0), "lease_ms"),
+        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, also="a b"), "also"),
+        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, also="a:b"), "also"),
+        (_BEGIN(token=""), "token"),
+        (_BEGIN(token="a:b"), "token"),
+        (_BEGIN(entry_id="x"), "entry_id"),
+        (_BEGIN(member="x"), "member"),
+        (_BEGIN(also="a b"), "also"),
+        (_BEGIN(failed="a b"), "failed"),
         (
             SCRIPTS.finish_entry(
                 SERVICE,
@@ -287,22 +343,8 @@ def test_dead_letter_knows_the_new_reasons(run: Any, redis: redis_py.Redis, reas
                 owner="w",
                 lease_ms=1,
                 release=False,
-                token="t",
             ),
             "entry_id",
-        ),
-        (
-            SCRIPTS.finish_entry(
-                SERVICE,
-                group="g",
-                entry_id="1-0",
-                member=MA,
-                owner="w",
-                lease_ms=1,
-                release=False,
-                token="a b",
-            ),
-            "token",
         ),
         (SCRIPTS.renew_lease(SERVICE, member=MA, owner="w w", lease_ms=1), "owner"),
         (SCRIPTS.orphaned_keys(SERVICE, sample=0), "sample"),

@@ -317,6 +317,23 @@ def test_an_entry_failing_at_any_step_is_dead_lettered_poison_and_the_key_recove
     assert f"attempt {attempts} of {attempts} failed" in caplog.text
 
 
+async def _die_during_an_attempt(
+    store: AsyncConversationStore, member: str, owner: str, entry_id: str, before: int
+) -> None:
+    """What a worker that dies mid-attempt leaves in Redis: its claim and its counted
+    attempt (the caller then drops its lease, as its expiry would)."""
+    from worker.keys import KeySpace
+    from worker.scripts import Scripts
+
+    keys, scripts = KeySpace().service(), Scripts()
+    step = await store.run(scripts.claim_key(keys, member=member, owner=owner, lease_ms=60_000))
+    assert (step.entry_id, step.attempts, step.silent) == (entry_id, before, before)
+    count = await store.run(
+        scripts.begin_attempt(keys, member=member, owner=owner, entry_id=entry_id, token=owner)
+    )
+    assert (count.attempts, count.silent) == (before + 1, before)
+
+
 def test_attempts_of_workers_that_died_count_across_restarts(
     new_client: Callable[[], Any],
 ) -> None:
@@ -336,12 +353,7 @@ def test_attempts_of_workers_that_died_count_across_restarts(
         await store.run(scripts.take_inbound(keys, group="workers", consumer="gone", count=10))
         member = f"{avatar(1)}:im"
         for n in range(3):
-            step = await store.run(
-                scripts.claim_key(
-                    keys, member=member, owner=f"dead{n}", lease_ms=60_000, token=f"t{n}"
-                )
-            )
-            assert step.attempts == n + 1
+            await _die_during_an_attempt(store, member, f"dead{n}", poisoned, n)
             await client.delete(f"{{gm:inbound}}:owner:{member}")
         await client.aclose()
         # When a new worker starts (it adopts the orphaned key) with a message waiting after it
@@ -392,6 +404,7 @@ UNUSABLE = {
     "CONTROL": ("\x01\x02\x03\x7f", FAILURE_NOTICE),
     "INVISIBLE": (" \u200b\u2060\ufeff\n\t", FAILURE_NOTICE),
     "LONESOME": ("\udc00\udc01", FAILURE_NOTICE),
+    "TAGS": ("\U000e0041\U000e0042\u202e\u2066\ufe0f\u3164", FAILURE_NOTICE),  # second pass
     "HUGE": ("y" * ((1 << 20) + 10), None),  # over the input ceiling: cut, then bounded
 }
 
@@ -506,5 +519,168 @@ def test_a_huge_hostile_message_does_not_stall_other_conversations(
             await run.answered(huge)
             assert run.order.index(huge) > max(run.order.index(o) for o in others)
             assert blocking.released_in_time and blocking.on_loop is False
+
+    go(scenario())
+
+
+# -- second pass: a suspect runs alone ------------------------------------------------------
+
+
+class OverlapChat(ScriptedChat):
+    """Records, for the call whose text holds SUSPECT, which other calls were in flight
+    at any moment of it. Ordinary calls linger (a bounded number of loop turns, no
+    clock) so that anything allowed to run beside the suspect does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight: set[str] = set()
+        self.beside_suspect: set[str] = set()
+
+    async def complete(self, messages: list[Message]) -> str:
+        last = [m["content"] for m in messages if m["role"] == "user"][-1]
+        self.in_flight.add(last)
+        try:
+            for _ in range(100):
+                if any("SUSPECT" in m for m in self.in_flight):
+                    self.beside_suspect |= {m for m in self.in_flight if "SUSPECT" not in m}
+                await asyncio.sleep(0)
+            return await super().complete(messages)
+        finally:
+            self.in_flight.discard(last)
+
+
+def test_an_entry_whose_earlier_attempt_died_runs_alone_in_its_worker(
+    new_client: Callable[[], Any],
+) -> None:
+    """Regression (issue 12, second pass): entries in flight when a worker process dies
+    each get an attempt counted, so a process-killing entry poisoned its bystanders.
+    A suspect (an earlier attempt ended without a word) now runs with no other entry
+    in flight in its process; the others wait (uncounted) and then go on concurrently.
+    tests/test_worker_crash.py shows the outcome with real process deaths."""
+    from worker.keys import KeySpace
+    from worker.scripts import Scripts
+
+    async def scenario() -> None:
+        client = new_client()
+        store = AsyncConversationStore(client, Settings().conversation, clock=ManualClock())
+        await store.run(Scripts().ensure_group(KeySpace().service(), group="workers"))
+        # Given an entry whose worker died in an attempt at it, and other keys' entries
+        fields = {"avatar_uuid": avatar(1), "channel": "im", "text": "a SUSPECT message"}
+        suspect = (await client.xadd(INBOUND, fields)).decode()
+        await store.run(
+            Scripts().take_inbound(KeySpace().service(), group="workers", consumer="x", count=9)
+        )
+        await _die_during_an_attempt(store, f"{avatar(1)}:im", "dead0", suspect, 0)
+        await client.delete(f"{{gm:inbound}}:owner:{avatar(1)}:im")
+        others = [
+            (
+                await client.xadd(
+                    INBOUND, {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+                )
+            ).decode()
+            for n in range(2, 8)
+        ]
+        await client.aclose()
+        chat = OverlapChat()
+        # When a worker (4 slots) answers them all
+        async with running(new_client, chat, max_attempts=3) as run:
+            await run.answered(suspect, *others)
+            # Then nothing else was in flight while the suspect's model call ran
+            assert chat.beside_suspect == set()
+            assert len(run.replies) == 7 and await run.dead() == {}
+            assert await run.client.hlen(ATTEMPTS) == 0
+
+    go(scenario())
+
+
+def test_the_gate_lets_ordinary_entries_run_together_and_a_suspect_alone() -> None:
+    """The Gate itself: up to `slots` ordinary holders; a suspect waits for them to
+    drain, holds back new ones, and runs with none beside it."""
+    from worker.service import Gate
+
+    async def scenario() -> None:
+        gate = Gate(2)
+        log: list[tuple[str, int, bool]] = []
+        release = asyncio.Event()
+
+        async def ordinary(name: str) -> None:
+            async with gate.shared():
+                log.append((name, *gate.busy))
+                await release.wait()
+
+        async def suspect() -> None:
+            async with gate.alone():
+                log.append(("suspect", *gate.busy))
+
+        first = [asyncio.create_task(ordinary(n)) for n in ("a", "b")]
+        await asyncio.sleep(0)
+        alone = asyncio.create_task(suspect())
+        late = asyncio.create_task(ordinary("c"))  # arrives while the suspect waits
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert [entry[0] for entry in log] == ["a", "b"]  # the gate is full; both wait
+        release.set()
+        await asyncio.gather(*first, alone, late)
+        assert log == [("a", 1, False), ("b", 2, False), ("suspect", 0, True), ("c", 1, False)]
+
+    go(scenario())
+
+
+def test_a_trickling_or_malformed_llm_answer_gives_the_failure_notice_and_the_key_goes_on(
+    new_client: Callable[[], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12, second pass (LLM calls bounded, malformed bodies): a server that
+    trickles its body is cut off at the call's deadline (one retry, then the notice);
+    a 200 that is not a usable completion is the notice at once, never retried; none
+    of the body reaches a log or the resident; the key's next message is answered."""
+    from worker.llm import OFFLINE_LABEL, OpenAICompatible
+    from worker.localllm import MARK, LocalChatServer
+
+    faults: list[int | str] = [
+        "trickle", "trickle", "bad-json", "content-list", "no-choices", "content-null", "huge",
+    ]  # fmt: skip
+    with LocalChatServer(faults=faults, trickle_seconds=0.02) as server:
+        llm = {"base_url": server.url, "timeout_seconds": 0.5, "max_retries": 1}
+        chat = OpenAICompatible(Settings(llm={**llm, "retry_wait_seconds": 0.001}).llm)
+
+        async def scenario() -> None:
+            async with running(new_client, chat) as run:  # type: ignore[arg-type]
+                # Given one resident's messages, answered in order, one fault each
+                sent = [await run.send(1, f"message {n}") for n in range(7)]
+                # When the worker has answered them all
+                await run.answered(*sent)
+                # Then each faulty answer became the failure notice, then the key went on
+                texts = [run.replies[entry]["text"] for entry in sent]
+                assert texts[:6] == [FAILURE_NOTICE] * 6
+                assert texts[6].startswith(OFFLINE_LABEL) and "message 6" in texts[6]
+                assert await run.dead() == {}
+            await chat.aclose()
+
+        caplog.set_level(logging.DEBUG, logger="gridmem")
+        go(scenario())
+        # And only the trickle was retried: 2 + 5 + 1 requests
+        assert len(server.requests) == 8
+    assert MARK not in caplog.text
+
+
+def test_a_message_a_reader_sees_nothing_of_is_missing_text_and_never_stored(
+    new_client: Callable[[], Any],
+) -> None:
+    """Issue 12, second pass: an inbound text of only invisible or format characters
+    (ZWSP, word joiner, BOM, the tags block, bidi controls) or only control characters
+    is dead-lettered `missing_text`: no empty turn is stored, the model is not asked,
+    and the resident's next message is answered."""
+    from tests.test_inbound import INVISIBLE_ONLY
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            blank = [await run.send(1, text) for text in INVISIBLE_ONLY]
+            good = await run.send(1, "now something visible")
+            await run.answered(good)
+            await run.dead_lettered(*blank)
+            assert await run.dead() == {e: {"id": e, "reason": "missing_text"} for e in blank}
+            page = await run.store.read_page(avatar(1), "im", None, "forward", 50)
+            assert page.turns[0].text == "now something visible"
+            assert len(page.turns) == 2 and run.chat.asked == ["now something visible"]
 
     go(scenario())

@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the worker service (supervisor + worker processes)",
         description="Start the store (a private Valkey unless [redis] url is set), restore the "
         "newest snapshot if persistence is on, and run [worker] processes workers that answer "
-        "the inbound stream. SIGTERM/SIGINT stops gracefully; a second signal stops at once. "
+        "the inbound stream. SIGTERM/SIGINT stops gracefully; a second signal stops the "
+        "workers at once (the last snapshot is still written). "
         "Settings come from --config, then GRIDMEM_* environment variables "
         "(GRIDMEM_REDIS__URL, GRIDMEM_LLM__BASE_URL, ...).",
     )

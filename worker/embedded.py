@@ -61,7 +61,8 @@ class EmbeddedValkey:
         extra_config: dict[str, str] | None = None,
         binary: str | None = None,
     ) -> None:
-        self.directory = Path(directory)
+        # absolute: the server runs in --dir, so a relative socket or log path would miss
+        self.directory = Path(directory).absolute()
         self.socket_path = self.directory / "valkey.sock"
         self.port = port  # 0: Unix socket only
         self._extra = extra_config or {}
@@ -72,6 +73,12 @@ class EmbeddedValkey:
     @property
     def url(self) -> str:
         return f"unix://{self.socket_path}"
+
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit status once it has exited; None while it runs (or before
+        start)."""
+        return None if self._process is None else self._process.poll()
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A client over the socket, with redis-py's own retries off (see store.connect)."""
@@ -110,7 +117,11 @@ class EmbeddedValkey:
         ]
         for name, value in {**TUNING, **self._extra}.items():
             args += [f"--{name}", value]
-        self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        # its own session: Ctrl-C in the terminal signals the whole foreground group, and
+        # the server must outlive the workers and the last snapshot; stop() ends it
+        self._process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+        )
         self._wait_ready(timeout)
         return self
 

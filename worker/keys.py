@@ -24,6 +24,7 @@ Layout (namespace "gm", shard 0):
     {gm:inbound}:mbox:<uuid>:<ch>       list    waiting entry IDs of one key, arrival order
     {gm:inbound}:owner:<uuid>:<ch>      string  the worker answering that key (a lease)
     {gm:inbound}:attempts               hash    entry ID -> attempts at answering it (poison)
+    {gm:inbound}:rejected               hash    entry ID -> dead-letter reason decided for it
 
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
@@ -90,6 +91,7 @@ class ServiceKeys:
     dead: str
     ready: str
     attempts: str
+    rejected: str
 
 
 class KeySpace:
@@ -143,6 +145,7 @@ class KeySpace:
             # in the inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
             ready=f"{{{inbound}}}:ready",
             attempts=f"{{{inbound}}}:attempts",
+            rejected=f"{{{inbound}}}:rejected",
         )
 
     def _build_shard(self, shard: int) -> ShardKeys:

@@ -1,13 +1,22 @@
 """Talking to the language model: any OpenAI-compatible endpoint, or the offline responder.
 
 The API key is read from the environment variable the settings name, sent as a
-bearer token, and never stored or logged. Timeouts, transport errors, 429 and
-5xx are retried with exponential backoff a bounded number of times; after that
-the caller gets LlmUnavailable and answers the resident with FAILURE_NOTICE.
+bearer token, and never stored or logged. Each try has one deadline for the whole
+exchange (connect, headers and body: `timeout_seconds`), not only per read, so a
+server that trickles a byte a second, or sends headers and stalls, cannot hold an
+entry; a body over MAX_BODY_BYTES is abandoned unread. Timeouts, transport
+errors, 429 and 5xx are retried with exponential backoff a bounded number of
+times; a call therefore ends within (max_retries + 1) x timeout_seconds plus the
+backoff waits. A malformed 200 (not JSON, no choices, a content that is not a
+string, an over-large body) is not retried: the same server would say the same.
+Either way the caller gets LlmUnavailable (a fixed message, never any of the
+body) and answers the resident with FAILURE_NOTICE.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 from typing import Any, Protocol
@@ -25,11 +34,24 @@ OFFLINE_LABEL = "(offline responder: no language model is configured)"
 
 Message = dict[str, str]
 
+# A chat completion's body: the reply (at most the store's input ceiling, 1 MiB by
+# default, plus JSON escaping up to 6x and the envelope) fits well under this.
+MAX_BODY_BYTES = 8 << 20
+
 # JSON may carry lone surrogates ("\ud800"); UTF-8, and so Redis, cannot hold them.
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# A character a reader would see: not whitespace, not a control or invisible format
-# character, not the replacement character a lone surrogate became.
-_VISIBLE = re.compile("[^\\s\x00-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u2060-\u2064\ufeff\ufffd]")
+# What a reader never sees: whitespace (and the blank look-alikes U+2800, the Hangul
+# fillers), control characters, the replacement character a lone surrogate became,
+# and Unicode's default-ignorable code points (DerivedCoreProperties.txt: soft
+# hyphen, combining grapheme joiner, zero-width and bidi controls, word joiner and
+# invisible operators, variation selectors, BOM, the tags block, ...).
+_INVISIBLE = (
+    "\\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    "\u200b-\u200f\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0"
+    "\ufff0-\ufffb\ufffd\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+# A character a reader would see: anything else.
+_VISIBLE = re.compile(f"[^{_INVISIBLE}]")
 
 
 class LlmUnavailable(Exception):
@@ -63,6 +85,7 @@ class OpenAICompatible:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self.model = settings.model
+        self._deadline = settings.timeout_seconds
         self._http = httpx.AsyncClient(
             base_url=settings.base_url.rstrip("/"),
             timeout=settings.timeout_seconds,
@@ -84,28 +107,50 @@ class OpenAICompatible:
 
     async def _once(self, messages: list[Message]) -> str:
         try:
-            response = await self._http.post(
-                "/chat/completions", json={"model": self.model, "messages": messages}
-            )
+            async with asyncio.timeout(self._deadline):
+                status, body = await self._exchange(messages)
+        except TimeoutError:
+            raise _Retryable("deadline") from None
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             raise _Retryable(type(exc).__name__) from None
-        if response.status_code == 429 or response.status_code >= 500:
-            raise _Retryable(f"HTTP {response.status_code}")
-        if response.status_code >= 400:
-            raise LlmUnavailable(f"HTTP {response.status_code}")
-        return _content(response)
+        if status == 429 or status >= 500:
+            raise _Retryable(f"HTTP {status}")
+        if status >= 400:
+            raise LlmUnavailable(f"HTTP {status}")
+        return _content(body)
+
+    async def _exchange(self, messages: list[Message]) -> tuple[int, bytes]:
+        """POST and read the body, at most MAX_BODY_BYTES of it."""
+        request = {"model": self.model, "messages": messages}
+        async with self._http.stream("POST", "/chat/completions", json=request) as response:
+            if response.status_code != 200:
+                return response.status_code, b""  # the body of an error is never read
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                raise LlmUnavailable("response too large")
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():  # decoded: a gzip bomb stops too
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise LlmUnavailable("response too large")
+                chunks.append(chunk)
+        return 200, b"".join(chunks)
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
 
-def _content(response: httpx.Response) -> str:
+def _content(body: bytes) -> str:
+    """The reply in a chat completion's body; LlmUnavailable (saying nothing of the
+    body) if it is not one."""
     try:
-        data: Any = response.json()
+        data: Any = json.loads(body)
         content = data["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise LlmUnavailable("malformed response") from None
-    if not isinstance(content, str) or not content.strip():
+    if not isinstance(content, str):
+        raise LlmUnavailable("malformed response")
+    if not content.strip():
         raise LlmUnavailable("empty response")
     return content
 

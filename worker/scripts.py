@@ -51,6 +51,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "ensure_group",
     "take_inbound",
     "claim_key",
+    "begin_attempt",
     "finish_entry",
     "renew_lease",
     "orphaned_keys",
@@ -346,8 +347,13 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
 @dataclass(frozen=True, slots=True)
 class TakenEntry:
     entry_id: str
-    member: str  # '' when the entry could not be filed
-    reason: str  # dead-letter code when member is ''
+    member: str  # REJECTED_MEMBER when the entry is to be dead-lettered
+    reason: str  # then its dead-letter code, else ''
+
+
+# take_inbound files entries without a valid key under this reserved one (the nil
+# UUID, which no avatar has), with their reason in {gm:inbound}:rejected.
+REJECTED_MEMBER = "00000000-0000-0000-0000-000000000000:public"
 
 
 def _parse_taken(raw: Sequence[Any]) -> list[TakenEntry]:
@@ -360,14 +366,32 @@ class KeyStep:
 
     state: str  # ok | busy | empty | released | done | lost; the worker adds stopped
     entry_id: str = ""
-    attempts: int = 0  # with ok: attempts at entry_id so far, this one included
+    attempts: int = 0  # with ok: attempts at entry_id that have ended
+    silent: int = 0  # of those, how many ended without a word (worker died or stalled)
+    rejected: str = ""  # a dead-letter reason a worker decided on before it died
 
 
 def _parse_step(raw: Sequence[Any]) -> KeyStep:
     values = [text(v) for v in raw]
     if len(values) > 1:
-        return KeyStep(values[0], values[1], int(values[2]))
+        return KeyStep(values[0], values[1], int(values[2]), int(values[3]), values[4])
     return KeyStep(values[0])
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCount:
+    """begin_attempt: the attempt now started, or lost (another worker owns the key)."""
+
+    state: str  # ok | lost
+    attempts: int = 0  # this one included
+    silent: int = 0  # earlier attempts that ended without a word
+
+
+def _parse_attempt(raw: Sequence[Any]) -> AttemptCount:
+    values = [text(v) for v in raw]
+    if len(values) > 1:
+        return AttemptCount(values[0], int(values[1]), int(values[2]))
+    return AttemptCount(values[0])
 
 
 def _parse_raw_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
@@ -670,7 +694,7 @@ class Scripts:
     ) -> ScriptCall[list[TakenEntry]]:
         return self._call(
             "take_inbound",
-            (service.inbound, service.ready),
+            (service.inbound, service.ready, service.rejected),
             (group, consumer, count),
             _parse_taken,
             # a resend would read further entries; the first batch is filed anyway
@@ -684,15 +708,33 @@ class Scripts:
         member: str,
         owner: str,
         lease_ms: int,
-        token: str,
         also: str = "",
     ) -> ScriptCall[KeyStep]:
-        """Safe to resend: the token makes a repeated claim count its attempt once."""
+        """Counts nothing: safe to resend."""
         return self._call(
             "claim_key",
-            (service.ready, service.attempts),
-            (member, owner, lease_ms, token, also),
+            (service.ready, service.attempts, service.rejected),
+            (member, owner, lease_ms, also),
             _parse_step,
+        )
+
+    def begin_attempt(
+        self,
+        service: ServiceKeys,
+        *,
+        member: str,
+        owner: str,
+        entry_id: str,
+        token: str,
+        also: str = "",
+        failed: str = "",
+    ) -> ScriptCall[AttemptCount]:
+        """Safe to resend: the token makes a repeated call count its attempt once."""
+        return self._call(
+            "begin_attempt",
+            (service.ready, service.attempts),
+            (member, owner, entry_id, token, also, failed),
+            _parse_attempt,
         )
 
     def finish_entry(
@@ -705,13 +747,11 @@ class Scripts:
         owner: str,
         lease_ms: int,
         release: bool,
-        token: str,
     ) -> ScriptCall[KeyStep]:
-        """`token` names the attempt at the next entry, if one is handed over."""
         return self._call(
             "finish_entry",
-            (service.inbound, service.ready, service.attempts),
-            (group, entry_id, member, owner, lease_ms, int(release), token),
+            (service.inbound, service.ready, service.attempts, service.rejected),
+            (group, entry_id, member, owner, lease_ms, int(release)),
             _parse_step,
         )
 

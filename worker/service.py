@@ -18,10 +18,15 @@ is re-published rather than asked again (outbound is at-least-once; the bridge
 can drop repeats by `in_reply_to`). Malformed entries go to the dead-letter
 stream with a reason code, never their text; so do entries with a field that is
 not valid UTF-8 (`bad_encoding`): every field is read as bytes and decoded here.
+The reason is written to {gm:inbound}:rejected before the dead letter, so a
+worker that dies in between leaves the decision to its adopter.
 
-Poison: every attempt at an entry is counted in Redis, in the same step that
-hands the entry to a worker (claim_key / finish_entry), so the count survives
-lease adoptions and worker restarts. An attempt that raises is retried at once
+Poison: every attempt at an entry is counted in Redis when it starts
+(begin_attempt), so the count survives lease adoptions and worker restarts. An
+entry an earlier attempt at which ended without a word (its worker died) is a
+suspect and runs alone in this process (Gate): if it kills the process again,
+no innocent entry was in flight, and entries waiting behind it were never begun.
+An attempt that raises is retried at once
 (the lease is still ours); after `worker.max_attempts` failed attempts, or when
 the count shows that many attempts already ended without a word (their worker
 died or stalled past its lease), the entry is dead-lettered as `poison` and the
@@ -44,7 +49,8 @@ import signal
 import socket
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +68,7 @@ from worker.llm import (
     has_visible_text,
 )
 from worker.records import AgentReply, AvatarMessage, Receipt
-from worker.scripts import KeyStep
+from worker.scripts import AttemptCount, KeyStep
 from worker.store import RETRYABLE, AsyncConversationStore, connect_async
 from worker.validate import canonical_uuid, parse_channel
 
@@ -129,6 +135,68 @@ def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, st
     return uuid, channel, text
 
 
+@dataclass
+class _Hand:
+    """The token of the attempt a worker has in hand at an entry ('' if none)."""
+
+    token: str
+
+
+class Gate:
+    """Who may run an entry in this process: up to `slots` ordinary entries at once,
+    or one suspect alone.
+
+    A suspect (an entry an earlier attempt at which ended without a word) may kill
+    its process again; running it alone means no innocent entry is in flight when it
+    does, so crashes are charged to the culprit only. A waiting suspect holds back new
+    ordinary entries (else a steady flow of them would starve it) while those in
+    flight finish.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._running = 0
+        self._alone = False
+        self._waiting_alone = 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: not self._alone and not self._waiting_alone and self._running < self._slots
+            )
+            self._running += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._changed:
+            self._waiting_alone += 1
+            try:
+                await self._changed.wait_for(lambda: not self._alone and self._running == 0)
+            finally:
+                self._waiting_alone -= 1
+                self._changed.notify_all()
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+    @property
+    def busy(self) -> tuple[int, bool]:
+        """(ordinary entries running, whether a suspect runs alone): for tests."""
+        return self._running, self._alone
+
+
 def make_clock(settings: WorkerSettings) -> Clock:
     if settings.clock_speed == 1:
         return SystemClock()
@@ -172,7 +240,7 @@ class Worker:
         self.max_attempts = settings.worker.max_attempts
         self.stats: Counter[str] = Counter()
         self._stopping = asyncio.Event()
-        self._slots = asyncio.Semaphore(settings.worker.concurrency)
+        self._gate = Gate(settings.worker.concurrency)
         self._active: dict[str, asyncio.Task[None]] = {}
         self._recheck: set[str] = set()
         # Keys this worker may hold at once: enough to keep every slot busy, few
@@ -226,10 +294,9 @@ class Worker:
             return 0
         for entry in taken:
             self._last_seen = max(self._last_seen, entry.entry_id, key=_stream_order)
-            if entry.member:
-                self._start(entry.member)
-            else:
-                await self._dead_letter(entry.entry_id, entry.reason, member="")
+            # an entry without a valid key comes filed under REJECTED_MEMBER, its reason
+            # recorded: that key's walk dead-letters it, crash-safe like any other
+            self._start(entry.member)
         return len(taken)
 
     async def _wait_for_inbound(self) -> None:
@@ -290,44 +357,80 @@ class Worker:
                 self._start(member)
 
     def _token(self) -> str:
-        """A new name for one attempt at an entry (see claim_key.lua)."""
+        """A new name for one attempt at an entry (see begin_attempt.lua)."""
         return f"{self._token_prefix}.{next(self._token_numbers)}"
 
     async def _walk(self, member: str) -> None:
         """Claim the key, then answer its entries oldest first until it is empty."""
-        token = self._token()
         try:
-            step = await self._claim(member, token)
-        except RETRYABLE:  # the claim may have gone through: resume it, uncounted
-            step = await self._resume(member, token, "")
+            step = await self._claim(member)
+        except RETRYABLE:  # the claim may have gone through: claim again once Redis answers
+            step = await self._resume(member, "")
         renewer = asyncio.create_task(self._renew(member))
         try:
+            resume = ""
             while step.state == "ok":
-                step, token = await self._step(member, step, token)
+                step, resume = await self._step(member, step, resume)
         finally:
             renewer.cancel()
 
-    async def _step(self, member: str, step: KeyStep, token: str) -> tuple[KeyStep, str]:
-        """One attempt at the key's head entry. Returns the next step and its attempt's token."""
-        entry_id, after = step.entry_id, self._token()
+    async def _step(self, member: str, step: KeyStep, resume: str) -> tuple[KeyStep, str]:
+        """Settle the key's head entry, then hand over the next one.
+
+        `resume` names this worker's attempt in hand when a connection fault cut it
+        short ('' otherwise): it goes on under a new name, uncounted. Returns the next
+        step and, after a connection fault, the token of the attempt in hand.
+        """
+        entry_id, hand = step.entry_id, _Hand(resume)
         try:
-            if step.attempts > self.max_attempts:
-                # earlier attempts ended without a word: their worker died or stalled
+            if step.rejected:  # a worker decided this before it died: its reason stands
+                await self._dead_letter(entry_id, step.rejected, member=member)
+            elif step.attempts >= self.max_attempts:
+                # the earlier attempts ended without a word: their worker died or stalled
                 await self._dead_letter(entry_id, "poison", member=member)
-            elif not await self._attempt(member, entry_id, step.attempts):
-                if step.attempts < self.max_attempts:
-                    return await self._claim(member, after), after  # counts the next attempt
-                await self._dead_letter(entry_id, "poison", member=member)
-            return await self._finish(entry_id, member, after), after
+            elif not await self._settle(member, step, hand):
+                return KeyStep("lost"), ""
+            return await self._finish(entry_id, member), ""
         except RETRYABLE:
             log.warning("redis unreachable during entry %s; resuming it when it answers", entry_id)
-            return await self._resume(member, after, token), after
+            return await self._resume(member, hand.token), hand.token
+
+    async def _settle(self, member: str, step: KeyStep, hand: _Hand) -> bool:
+        """Attempts at one entry until one answers it or it is dead-lettered poison.
+
+        A suspect (an earlier attempt ended without a word: it may kill its process)
+        runs alone in this process, so no innocent entry is in flight when it does.
+        Each attempt is counted (begin_attempt) once the gate lets it run. False if
+        the key passed to another worker meanwhile.
+        """
+        entry_id, failed, suspect = step.entry_id, "", step.silent > 0
+        while True:
+            async with self._gate.alone() if suspect else self._gate.shared():
+                token = self._token()
+                count = await self._begin(member, entry_id, token, hand.token, failed)
+                if count.state != "ok":
+                    return False
+                hand.token = token
+                if count.attempts > self.max_attempts:
+                    answered = False  # counted meanwhile by workers that died: do not run it
+                elif count.silent > 0 and not suspect:
+                    # it became one since the claim: run it alone instead, this attempt
+                    # resumed uncounted (`hand` names it) once the gate is ours alone
+                    suspect, failed = True, ""
+                    continue
+                else:
+                    answered = await self._attempt(member, entry_id, count.attempts)
+            if answered:
+                return True
+            if count.attempts >= self.max_attempts:
+                await self._dead_letter(entry_id, "poison", member=member)
+                return True
+            failed, hand.token = token, ""
 
     async def _attempt(self, member: str, entry_id: str, attempt: int) -> bool:
         """Answer one entry. False if that failed (connection faults propagate)."""
         try:
-            async with self._slots:
-                await self._answer_entry(member, entry_id)
+            await self._answer_entry(member, entry_id)
         except RETRYABLE:
             raise
         except Exception as exc:
@@ -343,32 +446,43 @@ class Worker:
             return False
         return True
 
-    async def _claim(self, member: str, token: str, also: str = "") -> KeyStep:
+    async def _claim(self, member: str, also: str = "") -> KeyStep:
         step: KeyStep = await self.store.run(
             self.scripts.claim_key(
-                self.keys,
-                member=member,
-                owner=self.name,
-                lease_ms=self.lease_ms,
-                token=token,
-                also=also,
+                self.keys, member=member, owner=self.name, lease_ms=self.lease_ms, also=also
             )
         )
         return step
 
-    async def _resume(self, member: str, token: str, earlier: str) -> KeyStep:
+    async def _begin(
+        self, member: str, entry_id: str, token: str, also: str, failed: str
+    ) -> AttemptCount:
+        count: AttemptCount = await self.store.run(
+            self.scripts.begin_attempt(
+                self.keys,
+                member=member,
+                owner=self.name,
+                entry_id=entry_id,
+                token=token,
+                also=also,
+                failed=failed,
+            )
+        )
+        return count
+
+    async def _resume(self, member: str, earlier: str) -> KeyStep:
         """After a connection fault: once Redis answers, claim the key again.
 
-        The claim names both tokens of this attempt (`earlier` for the entry in hand,
-        `token` for the next one in case finish_entry went through), so the fault is
-        never counted as an attempt; if the lease ran out and another worker took the
-        key meanwhile, the claim says busy and that worker goes on.
+        The claim names the attempt in hand (`earlier`), which has not ended, so the
+        fault never counts as an attempt nor makes the entry a suspect; if the lease
+        ran out and another worker took the key meanwhile, the claim says busy and
+        that worker goes on.
         """
         delay = 0.25
         while not self._stopping.is_set():
             await self._pause(delay)
             try:
-                return await self._claim(member, token, also=earlier)
+                return await self._claim(member, also=earlier)
             except RETRYABLE:
                 delay = min(2 * delay, 5.0)
         return KeyStep("stopped")  # the lease runs out; another worker takes the key
@@ -383,7 +497,7 @@ class Worker:
                     )
                 )
 
-    async def _finish(self, entry_id: str, member: str, token: str) -> KeyStep:
+    async def _finish(self, entry_id: str, member: str) -> KeyStep:
         step: KeyStep = await self.store.run(
             self.scripts.finish_entry(
                 self.keys,
@@ -393,12 +507,25 @@ class Worker:
                 owner=self.name,
                 lease_ms=self.lease_ms,
                 release=self._stopping.is_set(),
-                token=token,
             )
         )
         return step
 
+    async def _reject(self, entry_id: str, reason: str, *, member: str) -> None:
+        """Dead-letter an entry of a key this worker holds, the decision written first.
+
+        The dead-letter stream is in another cluster slot than the key's mailbox, so
+        the two cannot change in one step. The reason goes to {gm:inbound}:rejected
+        before the dead letter; if this worker dies in between (or before
+        finish_entry), the next claim shows the reason and the adopter dead-letters
+        the entry with it: not answered, not lost, not retried as poison.
+        finish_entry deletes the record with the entry.
+        """
+        await self.store.redis.hset(self.keys.rejected, entry_id, reason)
+        await self._dead_letter(entry_id, reason, member=member)
+
     async def _dead_letter(self, entry_id: str, reason: str, *, member: str) -> None:
+        """Record the rejection on gm:dead; the caller then finishes the entry."""
         await self.store.run(
             self.scripts.dead_letter(
                 self.keys, entry_id=entry_id, reason=reason, max_entries=DEAD_MAX_ENTRIES
@@ -408,8 +535,6 @@ class Worker:
         self.stats[f"dead_lettered:{reason}"] += 1
         metrics.MESSAGES.labels("dead_lettered").inc()
         log.info("entry %s dead-lettered: %s", entry_id, reason)
-        if not member:
-            await self._finish(entry_id, "", self._token())
 
     # -- one entry ---------------------------------------------------------------------------
 
@@ -423,13 +548,13 @@ class Worker:
                 uuid, channel, AvatarMessage(text=text), idempotency_key=entry_id
             )
         except Rejected as bad:
-            await self._dead_letter(entry_id, bad.reason, member=member)
+            await self._reject(entry_id, bad.reason, member=member)
             return
         except InputTooLarge:
-            await self._dead_letter(entry_id, "oversized", member=member)
+            await self._reject(entry_id, "oversized", member=member)
             return
         except InvalidInput:
-            await self._dead_letter(entry_id, "bad_text", member=member)
+            await self._reject(entry_id, "bad_text", member=member)
             return
         reply_key = f"{entry_id}:reply"
         if seen and await self._republish(uuid, channel, entry_id, reply_key):
@@ -546,7 +671,7 @@ async def _serve(settings: Settings, url: str) -> None:
     chat = build_chat_client(settings.llm)
     worker = Worker(store, chat, settings)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # HUP: the terminal closed
         loop.add_signal_handler(sig, worker.stop)
     log.info("worker %s started (%s)", worker.name, chat.name)
     try:

@@ -4,14 +4,17 @@ The supervisor starts a private Valkey when no Redis URL is configured (Unix
 socket under storage_path, directory 0700, persistence off), restores the
 newest snapshot when persistence is on, creates the consumer group, and spawns
 `worker.processes` workers (each builds its own Redis client after it starts).
-It restarts a worker that dies, sweeps idle sessions and flushes snapshots on
-their intervals, and stops gracefully on SIGTERM or SIGINT (workers finish the
+It restarts a worker that dies, and the private Valkey if it dies (restoring the
+newest snapshot into it), sweeps idle sessions and flushes snapshots on
+their intervals, and stops gracefully on SIGTERM, SIGINT or SIGHUP (workers finish the
 entry in hand, acknowledge it and exit; a last snapshot is flushed) and at
-once on a second signal.
+once on a second signal (workers killed; the last snapshot is still flushed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -25,8 +28,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import redis
+
 from worker.config import Settings
 from worker.embedded import EmbeddedValkey
+from worker.errors import GridmemError
 from worker.keys import KeySpace
 from worker.service import GROUP, make_clock, run_worker_process
 from worker.store import ConversationStore, connect
@@ -62,6 +68,9 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._metrics_dir: Path | None = None
         self._metrics_server: Any = None
+        self._storage_lock: int | None = None
+        self._store_restarts: list[float] = []
+        self._store_not_before = 0.0
 
     def stop(self, *, immediately: bool = False) -> None:
         if self._stop.is_set() or immediately:
@@ -70,15 +79,61 @@ class Supervisor:
 
     def run(self) -> int:
         if self.handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            # SIGHUP: the terminal or SSH session closed; stop as gracefully as on Ctrl-C
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
         try:
-            self._start_store()
+            if self.url is None and not self._lock_storage():
+                return 1
+            try:
+                self._start_store()
+            except (OSError, redis.RedisError, GridmemError) as exc:
+                # a person can act on one line (the path, the URL's host); a traceback
+                # from deep in redis-py or pathlib said less, louder
+                log.error("gridmem serve cannot start: %s: %s", type(exc).__name__, exc)
+                return 1
             self.ready.set()
             self._supervise()
         finally:
             self._shutdown()
+            if self._storage_lock is not None:
+                os.close(self._storage_lock)  # releases the lock
+                self._storage_lock = None
         return 0
+
+    def _lock_storage(self) -> bool:
+        """One service per storage_path when it holds the private Valkey.
+
+        A second `gridmem serve` in the same directory used to start a second Valkey
+        on the same socket path: the first server was cut off with its conversations
+        in memory, and both supervisors flushed their own server's sessions into one
+        snapshot directory in turn. Now the second one refuses to start. The lock
+        (flock, released by the kernel when the process ends, however it ends) is
+        held for the supervisor's lifetime; its file says which process holds it.
+        """
+        path = self.settings.storage_path
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            log.error("gridmem serve cannot use storage_path %s: %s", path.absolute(), exc)
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            log.error(
+                "another gridmem serve (pid %s) is running with storage_path %s; "
+                "stop it first, or give this one its own storage_path",
+                holder,
+                path.absolute(),
+            )
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._storage_lock = fd
+        return True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("signal %s: %s", signum, "stopping now" if self._stop.is_set() else "stopping")
@@ -102,6 +157,7 @@ class Supervisor:
     def _start_store(self) -> None:
         settings = self.settings
         if self.url is None:
+            self._retire_orphan()
             self.embedded = EmbeddedValkey(settings.storage_path / "valkey").start()
             self.url = self.embedded.url
             log.info("private Valkey started on %s", self.embedded.socket_path)
@@ -115,17 +171,97 @@ class Supervisor:
             clock=make_clock(settings.worker),
             snapshot_dir=snapshot_dir,
         )
-        if snapshot_dir is not None:
+        self._prepare_store()
+        self._start_metrics()
+        for slot in self._slots:
+            self._spawn(slot)
+
+    def _retire_orphan(self) -> None:
+        """A private Valkey an earlier `gridmem serve` left running (it was killed with
+        SIGKILL, or by the OOM killer: the server, in its own process group, outlives
+        it) still holds that service's live conversations. Write them to a snapshot
+        (persistence on), then shut it down; the new server restores them. Before,
+        the new server took its socket path and the old one ran on, unreachable."""
+        socket_path = (self.settings.storage_path / "valkey" / "valkey.sock").absolute()
+        if not socket_path.exists():
+            return
+        client = connect(f"unix://{socket_path}", socket_timeout=10)
+        try:
+            try:
+                client.ping()
+            except (redis.RedisError, OSError):
+                return  # a stale socket file: nothing answers; EmbeddedValkey replaces it
+            log.warning(
+                "a private Valkey left by an earlier gridmem serve answers on %s: "
+                "saving its conversations and stopping it",
+                socket_path,
+            )
+            conversation = self.settings.conversation
+            if conversation.persistence_enabled:
+                try:
+                    info = ConversationStore(
+                        client,
+                        conversation,
+                        clock=make_clock(self.settings.worker),
+                        snapshot_dir=self.settings.storage_path / "conversations",
+                    ).flush()
+                    if info is not None:
+                        log.info(
+                            "snapshot generation %d: %d sessions", info.generation, info.sessions
+                        )
+                except Exception as exc:  # stop it anyway: the older snapshots remain
+                    log.error("saving the earlier server's conversations failed: %s", exc)
+            with contextlib.suppress(redis.RedisError, OSError):
+                client.shutdown(nosave=True)  # it closes the connection: no reply
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until it is gone, so one server is up
+                try:
+                    client.ping()
+                except (redis.RedisError, OSError):
+                    break
+                time.sleep(0.05)  # polling another process's exit, with a deadline
+        finally:
+            client.close()
+
+    def _prepare_store(self) -> None:
+        """What a new server needs: the newest snapshot restored (persistence on), the
+        consumer group, the published layout and limits. At start, and after the
+        private Valkey was restarted."""
+        assert self.store is not None
+        if self.store.snapshots is not None:
             report = self.store.restore()
             log.info("restore: %s", report.model_dump_json(exclude={"quarantined"}))
             for bad in report.quarantined:
                 log.warning("snapshot generation %d quarantined: %s", bad.generation, bad.cause)
+        conversation = self.settings.conversation
         service = KeySpace(conversation.namespace, conversation.shards).service()
         self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
         self.store.publish_limits()
-        self._start_metrics()
-        for slot in self._slots:
-            self._spawn(slot)
+
+    def _revive_store(self) -> None:
+        """The private Valkey died (OOM killer, a stray kill): start it again, restore the
+        newest snapshot into it, and let the workers reconnect. Before, nothing watched
+        it: the workers retried forever and the service answered no one until an
+        operator restarted it. (An external server is the operator's to restart; the
+        workers wait for it and recreate the consumer group.)"""
+        embedded = self.embedded
+        if embedded is None or embedded.returncode is None or self._stop.is_set():
+            return
+        now = time.monotonic()
+        if now < self._store_not_before:
+            return
+        log.error("private Valkey exited with %s; starting it again", embedded.returncode)
+        self._store_restarts = [t for t in self._store_restarts if now - t < 60] + [now]
+        self._store_not_before = now + min(
+            RESTART_BACKOFF_MAX, 0.5 * 2 ** (len(self._store_restarts) - 1)
+        )
+        try:
+            embedded.start()
+            self._prepare_store()
+        except Exception as exc:  # keep supervising; try again after the backoff
+            log.error("starting the private Valkey again failed: %s", exc)
+            return
+        log.info("private Valkey started again on %s", embedded.socket_path)
 
     def _spawn(self, slot: Slot) -> None:
         assert self.url is not None
@@ -147,6 +283,7 @@ class Supervisor:
         while not self._stop.is_set():
             sentinels = [s.process.sentinel for s in self._slots if s.process is not None]
             multiprocessing.connection.wait(sentinels, timeout=0.5)
+            self._revive_store()
             self._restart_dead()
             now = time.monotonic()
             if now >= next_sweep:
@@ -208,7 +345,10 @@ class Supervisor:
             if process.is_alive():
                 process.kill()
                 process.join()
-        if self.store is not None and not self._now_stop.is_set():
+        if self.store is not None:
+            # Even on a second signal: an impatient Ctrl-C Ctrl-C must not cost the
+            # conversations since the last snapshot. The flush is one pass over the
+            # live sessions; the workers, the slow part, are already gone.
             if self.settings.conversation.persistence_enabled:
                 self._maintain("flush")
             self.store.close()
