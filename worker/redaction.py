@@ -177,11 +177,16 @@ SMALL_MATCH = 4096
 # (quadratic); a short one adds at most its own length to the scan.
 SHORT_SECRET = 32
 
+# A long secret can hide the start of another match that runs past its end (a
+# header value up to where a PEM block begins). The last this many bytes of a long
+# secret are searched again for such a match: bounded extra work per match.
+CROSS_WINDOW = 256
+
 # Matches handled one by one: a base, plus one per this many bytes of text. Past it
 # the text is match-dense far beyond any honest message, and the rest of it, from
 # the next match, becomes one marker (bounded work per byte, nothing leaks).
 MATCH_BUDGET_BASE = 64
-MATCH_BUDGET_BYTES = 512
+MATCH_BUDGET_BYTES = 1024
 
 _MARKER = re.compile(rb"(?:\[REDACTED:[a-z0-9\-]+\][ \t]*)+")
 
@@ -250,7 +255,8 @@ class _Plan:
     def finditer(self, data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
         """(rule position, match start, match end, secret start, secret end) per match.
 
-        Matches come in order of their start; they may overlap (SHORT_SECRET).
+        Matches come in order of their start; they may overlap (SHORT_SECRET,
+        CROSS_WINDOW).
         """
         done, size = 0, len(data)
         while done < size:
@@ -259,8 +265,33 @@ class _Plan:
                 return
             rule, secret_start, secret_end = self._locate(data, start, end)
             yield rule, start, end, secret_start, secret_end
-            rescan = start < secret_start and secret_end - secret_start <= SHORT_SECRET
-            done = secret_start if rescan else max(end, done + 1)
+            if start < secret_start and secret_end - secret_start <= SHORT_SECRET:
+                done = secret_start
+                continue
+            done = max(end, done + 1)
+            if secret_end - secret_start > SHORT_SECRET:
+                crossing = self._crossing(data, secret_start, secret_end)
+                if crossing is not None:
+                    yield crossing
+                    done = max(done, crossing[2])
+
+    def _crossing(self, data: bytes, start: int, end: int) -> tuple[int, int, int, int, int] | None:
+        """A match that starts in the last CROSS_WINDOW bytes of the secret data[start:end]
+        and runs past it, if any: a header value that ends where a PEM block begins, a
+        YAML block whose last line starts a session-id reply. Bounded work per secret."""
+        pos = max(start + 1, end - CROSS_WINDOW)
+        limit = min(len(data), end + CROSS_WINDOW)
+        while pos < end:
+            m_start, m_end = self.spans.Match(_UNANCHORED, data, pos, limit)[0]
+            if m_start < 0 or m_start >= end:
+                return None
+            if m_end > end:  # past the secret (perhaps cut by the window): read it in full
+                full_end = self.spans.Match(_ANCHOR_START, data, m_start, len(data))[0][1]
+                if full_end > end:
+                    rule, s_start, s_end = self._locate(data, m_start, full_end)
+                    return rule, m_start, full_end, s_start, s_end
+            pos = max(m_end, m_start + 1)
+        return None
 
     def _locate(self, data: bytes, start: int, end: int) -> tuple[int, int, int]:
         """(rule position, secret start, secret end) of the match data[start:end]."""
@@ -339,8 +370,7 @@ class Redactor:
                     out[-1] = (last_rule, last_start, s_end)
                     done = s_end
                 continue
-            found = _MARKER.fullmatch(data, s_start, s_end)
-            if found is not None:
+            if data.startswith(b"[REDACTED:", s_start) and _MARKER.fullmatch(data, s_start, s_end):
                 continue  # already a marker: nothing to do, and the output stays a fixed point
             if len(out) >= budget:
                 out.append((rule, s_start, len(data)))  # the dense tail, as one marker

@@ -72,8 +72,8 @@ NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS}){_SUFFIX}"
 ENV_KEY = r"(?-i:[A-Z][A-Z0-9_]*_KEY[0-9]*)"
 ANY_NAME = rf"(?:{ENV_KEY}|{NAME})"
 # Between a name and its value: the name's closing quote (escaped or not), an
-# index's `]`, then `=`, `:`, `:=`, `=>`, optionally the next line.
-NAME_END = r"(?:\\*[\"'`])?\]?"
+# index's `]` after it (never a bare `]`: a marker's rule id may read like a name), `=`, `:`, `:=`, `=>`, optionally the next line.
+NAME_END = r"(?:\\*[\"'`]\]?)?"
 ASSIGN = r"[ \t]*(?::=|=>|[:=])[ \t]*(?:\r?\n[ \t]*)?"
 
 
