@@ -7,12 +7,13 @@ before it is encoded, so no secret is ever an argument of a Redis command.
 The rules live in worker/redaction_rules.py. This module owns how they run:
 
 - Detection runs on a *normalized view* of the text: invisible format characters
-  next to visible ASCII are dropped (a zero-width space inside a token), full-width
-  and other compatibility forms are folded to ASCII (NFKC, per character), and
-  Unicode spaces become ' '. A map from the view back to the original turns each
-  match into a span of the ORIGINAL text, and that span is replaced: nothing of a
-  secret survives, its invisible characters included. Ordinary text (ASCII, or
-  emoji with their joiners, CJK, Arabic) has no such characters and costs one scan.
+  are dropped (a zero-width space inside a token), full-width and other
+  compatibility forms are folded to ASCII (NFKC, per character), and every space
+  class of a rule also takes Unicode spaces. A map from the view back to the
+  original turns each match into a span of the ORIGINAL text, and that span is
+  replaced: nothing of a secret survives, its invisible characters included.
+  ASCII text skips the view; other text pays one RE2 scan, and the map is built
+  only for a text with a match.
 - All patterns run in google-re2, a linear-time engine, as one leftmost-first
   alternation of the rules the keyword pre-filter woke.
 - Text so dense with matches that handling each one would cost far more than
@@ -31,7 +32,7 @@ import bisect
 import functools
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import re2
@@ -56,8 +57,7 @@ def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
                 table[cp] = None
                 fmt.append(cp)
             elif category in ("Zs", "Zl", "Zp"):
-                table[cp] = " "
-                fold.append(cp)
+                continue  # Unicode spaces: the patterns take them as spaces (_widen)
             else:
                 folded = unicodedata.normalize("NFKC", ch)
                 if folded != ch and folded.isascii() and folded.isprintable():
@@ -83,60 +83,144 @@ def _re2_class(points: list[int]) -> str:
 
 
 _TABLE, _FMT_POINTS, _FOLD_POINTS = _tables()
-_FOLD = _re2_class(_FOLD_POINTS)
-_CHANGED = _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS))
-# What the view changes: runs of format and foldable characters next to visible
-# ASCII, and runs holding two foldable characters (a full-width token among CJK text).
-# A run with no ASCII neighbour and at most one foldable character is left alone:
-# an emoji's zero-width joiner, a CJK full-width comma, an ideographic space
-# between CJK words. No ASCII secret can form there, and honest non-Latin text
-# keeps the fast path.
-_SPECIAL_PATTERN = (
-    f"[\\x21-\\x7e][{_CHANGED}]+|[{_CHANGED}]+[\\x21-\\x7e]|[{_FOLD}][{_CHANGED}]*[{_FOLD}]"
+# Unicode spaces (NBSP, U+2000-200A, U+202F, U+3000, ...): every `[ \t]`, `\s` and
+# literal space of a rule also takes them, so `password:\u00a0x` is an assignment
+# and a value ends at an NBSP, with no view work for French or CJK typography.
+UNICODE_SPACES = _re2_class(
+    [cp for cp in range(0x80, 0x3001) if unicodedata.category(chr(cp)) in ("Zs", "Zl", "Zp")]
 )
 
 
+def _widen(pattern: str) -> str:
+    """`pattern` with every space class also taking Unicode spaces."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            pair = pattern[i : i + 2]
+            if pair == "\\s":
+                out.append(f"\\s{UNICODE_SPACES}" if in_class else f"[\\s{UNICODE_SPACES}]")
+            else:
+                out.append(pair)
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append("[^" if pattern.startswith("[^", i) else "[")
+            i += 2 if pattern.startswith("[^", i) else 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        elif ch == " ":
+            out.append(f" {UNICODE_SPACES}" if in_class else f"[ {UNICODE_SPACES}]")
+            i += 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+# Characters the view changes, as UTF-8: what each becomes, and its byte length.
+_SEQUENCES = tuple(chr(cp).encode("utf-8") for cp in sorted(_TABLE))
+_FOLDED = {chr(cp).encode("utf-8"): (_TABLE[cp] or "").encode("utf-8") for cp in _TABLE}
+# Changes mapped one by one: a base plus one per this many bytes. Past it, the rest
+# of the text maps as one piece, so a match in it is redacted to the end of the text
+# (nothing leaks; only text stuffed with invisible characters loses precision).
+CHANGE_BUDGET_BASE = 256
+CHANGE_BUDGET_BYTES = 32
+
+
+def _change_entries() -> tuple[str, ...]:
+    """RE2 set entries, one per changed character, that match where the view changes
+    the text in a way a rule could see. A foldable letter or digit matches anywhere
+    (a full-width token among CJK text); a format character or foldable punctuation
+    only next to visible ASCII or another changed character. So an emoji's zero-width
+    joiner (between two emoji) and a CJK full-width comma (between two ideographs)
+    match none, and honest non-Latin text keeps the one-scan path."""
+    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
+    entries = []
+    for sequence in _SEQUENCES:
+        folded = _FOLDED[sequence].decode("ascii")
+        char = re2.escape(sequence.decode("utf-8"))
+        alnum = folded.isalnum()
+        entries.append(char if alnum else f"{near}{char}|{char}{near}")
+    return tuple(entries)
+
+
+_CHANGE_ENTRIES = _change_entries()
+
+
+@functools.lru_cache(maxsize=256)
+def _occurrence_pattern(present: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    return re.compile(b"|".join(re.escape(sequence) for sequence in present))
+
+
 class _View:
-    """The normalized view of a text as UTF-8 bytes, and its map back to the original's."""
+    """The normalized view of a text as UTF-8 bytes, and its map back to the original's.
 
-    __slots__ = ("_norm_ends", "_norm_starts", "_orig_ends", "_orig_starts", "data", "norm")
+    Building it is C-speed work: one RE2 set scan says which changed characters
+    occur (ASCII text skips even that), and one `bytes.replace` per distinct
+    character makes the view. The map (where each change sits) is built only when
+    a rule matches, in one `re` scan over the changes.
+    """
 
-    def __init__(self, text: str) -> None:
-        self.data = text.encode("utf-8")
-        self.norm = self.data
+    __slots__ = (
+        "_norm_ends",
+        "_norm_starts",
+        "_orig_ends",
+        "_orig_starts",
+        "_present",
+        "data",
+        "norm",
+    )
+
+    def __init__(self, data: bytes, present: tuple[bytes, ...] = ()) -> None:
+        self.data = data
+        self.norm = data
+        self._present = present
         self._norm_starts: list[int] = []
         self._norm_ends: list[int] = []
         self._orig_starts: list[int] = []
         self._orig_ends: list[int] = []
-        if text.isascii():
-            return
-        data, size = self.data, len(self.data)
-        pieces: list[bytes] = []
-        done = norm = 0
-        while done < size:
-            start, end = _SPECIAL.Match(_UNANCHORED, data, done, size)[0]
-            if start < 0:
-                break
-            if data[start] < 0x80:
-                start += 1  # the ASCII neighbour is not part of the run
-            if data[end - 1] < 0x80:
-                end -= 1
-            folded = data[start:end].decode("utf-8").translate(_TABLE).encode("utf-8")
-            pieces += (data[done:start], folded)
-            norm += start - done
-            self._orig_starts.append(start)
-            self._norm_starts.append(norm)
-            norm += len(folded)
-            self._orig_ends.append(end)
-            self._norm_ends.append(norm)
-            done = end
-        if pieces:
-            pieces.append(data[done:])
-            self.norm = b"".join(pieces)
+        norm = data
+        for sequence in present:
+            norm = norm.replace(sequence, _FOLDED[sequence])
+        self.norm = norm
 
     @property
     def mapped(self) -> bool:
-        return self.norm is not self.data
+        return bool(self._present)
+
+    def build_map(self) -> None:
+        """Where each change sits, in the original and in the view (once, on demand)."""
+        if self._orig_starts or not self._present:
+            return
+        data = self.data
+        budget = CHANGE_BUDGET_BASE + len(data) // CHANGE_BUDGET_BYTES
+        orig_starts, orig_ends = self._orig_starts, self._orig_ends
+        norm_starts, norm_ends = self._norm_starts, self._norm_ends
+        norm = done = 0
+        for found in _occurrence_pattern(self._present).finditer(data):
+            start, end = found.span()
+            budget -= 1
+            folded = (
+                len(_FOLDED[found.group()])
+                if budget >= 0
+                else len(self.norm) - norm - (start - done)
+            )
+            if budget < 0:
+                end = len(data)  # the rest maps as one piece
+            norm += start - done
+            orig_starts.append(start)
+            norm_starts.append(norm)
+            norm += folded
+            orig_ends.append(end)
+            norm_ends.append(norm)
+            done = end
+            if budget < 0:
+                break
 
     def start(self, pos: int) -> int:
         """Original byte offset of view offset `pos` taken as a span's start."""
@@ -144,7 +228,7 @@ class _View:
         if k < 0:
             return pos
         if pos < self._norm_ends[k]:
-            return self._orig_starts[k]  # inside a folded run: from its start
+            return self._orig_starts[k]  # inside a folded character: from its start
         return self._orig_ends[k] + pos - self._norm_ends[k]
 
     def end(self, pos: int) -> int:
@@ -153,13 +237,13 @@ class _View:
         if k < 0:
             return pos
         if pos <= self._norm_ends[k]:
-            return self._orig_ends[k]  # inside or at the end of a folded run: to its end
+            return self._orig_ends[k]  # inside or at the end of a folded character: to its end
         return self._orig_ends[k] + pos - self._norm_ends[k]
 
 
 def normalize(text: str) -> str:
     """The view detection runs on (for tests and rule authoring)."""
-    return _View(text).norm.decode("utf-8")
+    return DEFAULT_REDACTOR._view(text)[0].norm.decode("utf-8")
 
 
 # -- matching ---------------------------------------------------------------------------
@@ -219,14 +303,11 @@ def _alternation(rules: tuple[Rule, ...], *, capture: bool) -> Any:
     parts = []
     for i, rule in enumerate(rules):
         if capture:
-            pattern = _SECRET_GROUP.sub(lambda m, i=i: f"(?P<v{i}_{m.group(1)}>", rule.pattern)  # type: ignore[misc]
+            pattern = _SECRET_GROUP.sub(f"(?P<v{i}_\\1>", _widen(rule.pattern))
             parts.append(f"(?P<r{i}>{pattern})")
         else:
-            parts.append("(?:" + _SECRET_GROUP.sub("(?:", rule.pattern) + ")")
+            parts.append("(?:" + _SECRET_GROUP.sub("(?:", _widen(rule.pattern)) + ")")
     return _compile("|".join(parts))
-
-
-_SPECIAL = _compile(_SPECIAL_PATTERN)
 
 
 def _marker(rule: Rule) -> bytes:
@@ -311,6 +392,24 @@ class _Plan:
         return 0, start, end  # unreachable: some rule matched here
 
 
+def _keyword_set(keywords: tuple[str, ...], extra: tuple[str, ...] = ()) -> Any:
+    """The keywords (case-insensitive), then `extra` entries, as one RE2 set."""
+    found = re2.Set.SearchSet(_options())
+    for keyword in keywords:
+        found.Add("(?i)" + re2.escape(keyword))
+    for entry in extra:
+        found.Add(entry)
+    found.Compile()
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def _first_scan(keywords: tuple[str, ...]) -> Any:
+    """Keywords and changed characters in one set, for the first scan of non-ASCII
+    text (built on first use: ASCII-only processes never pay for it)."""
+    return _keyword_set(keywords, _CHANGE_ENTRIES)
+
+
 class Redactor:
     """Applies a rule table to text. Stateless after construction; safe to share.
 
@@ -327,10 +426,8 @@ class Redactor:
             raise ValueError("rule ids must be unique")
         self.rules = rules
         keywords = sorted({kw for rule in rules for kw in rule.keywords})
-        self._keyword_set = re2.Set.SearchSet(_options())
-        for keyword in keywords:
-            self._keyword_set.Add("(?i)" + re2.escape(keyword))
-        self._keyword_set.Compile()
+        self._keywords = tuple(keywords)
+        self._keyword_set = _keyword_set(self._keywords)
         # keyword index -> the rules it wakes; rules without keywords always run
         self._woken_by = [
             frozenset(i for i, rule in enumerate(rules) if kw in rule.keywords) for kw in keywords
@@ -345,14 +442,31 @@ class Redactor:
         """Indexes of the rules whose keywords occur in `text` (the pre-filter).
 
         `text` is the normalized view (keywords are ASCII)."""
-        hits = self._keyword_set.Match(text) or ()
+        return self._woken(self._keyword_set.Match(text) or ())
+
+    def _view(self, text: str) -> tuple[_View, tuple[int, ...]]:
+        """(the normalized view of `text`, the rules its keywords wake).
+
+        One RE2 set scan over the original finds both the keywords and the changed
+        characters; only a text with changes is scanned again, as its view."""
+        data = text.encode("utf-8")
+        if text.isascii():
+            return _View(data), self.candidates(data)
+        hits = _first_scan(self._keywords).Match(data) or ()
+        count = len(self._keywords)
+        present = tuple(sorted(_SEQUENCES[h - count] for h in hits if h >= count))
+        if not present:
+            return _View(data), self._woken(h for h in hits if h < count)
+        view = _View(data, present)
+        return view, self.candidates(view.norm)
+
+    def _woken(self, hits: Iterable[int]) -> tuple[int, ...]:
         return tuple(sorted(self._always.union(*(self._woken_by[h] for h in hits))))
 
     def _spans(self, text: str) -> tuple[_Plan | None, bytes, list[tuple[int, int, int]]]:
         """(plan, original bytes, [(rule, start, end)]) of the secrets to replace, in
         original byte offsets, merged where they overlap; a rule of -1 is the dense tail."""
-        view = _View(text)
-        active = self.candidates(view.norm)
+        view, active = self._view(text)
         if not active:
             return None, b"", []
         plan = self._plan(active)
@@ -361,7 +475,11 @@ class Redactor:
         out: list[tuple[int, int, int]] = []
         done = 0
         for rule, _, _, v_start, v_end in plan.finditer(norm):
-            s_start, s_end = (view.start(v_start), view.end(v_end)) if mapped else (v_start, v_end)
+            if mapped:
+                view.build_map()
+                s_start, s_end = view.start(v_start), view.end(v_end)
+            else:
+                s_start, s_end = v_start, v_end
             if s_start < done:
                 # overlaps the secret just replaced: that one marker now covers both
                 # (one marker, so redacting the output again changes nothing)

@@ -2,7 +2,8 @@
 
 Patterns are RE2 syntax and run over the *normalized view* of a text (see
 worker/redaction.py): invisible format characters are gone, compatibility forms
-(full-width letters) are folded to ASCII and Unicode spaces are plain spaces.
+(full-width letters) are folded to ASCII, and every space class of a pattern
+(`[ \t]`, `\\s`, a literal space) also takes Unicode spaces (NBSP, U+3000...).
 So a pattern is written for plain ASCII and still catches a full-width `ghp_...` or a
 token with a zero-width space inside.
 
@@ -645,7 +646,7 @@ RULES: tuple[Rule, ...] = (
         r"(?i:\b(?:(?:my|the|our|your|his|her|their)[ \t]+)?(?:password|passwd|pw|passcode|passphrase|"
         r"pin|api[ _\-]?key|secret[ _\-]?key|access[ _\-]?key|token|secret)[ \t]+(?:is|was)[ \t]*:?)"
         r"[ \t]+(?P<secret>" + PHRASE_VALUE + ")",
-        ("pass", " pw ", "pin ", "key", "token", "secret"),
+        ("pass", "pw", "pin", "key", "token", "secret"),
         ("my password is Tr0ub4dor&3", "the passcode was 8812-ab", "api key is q8Zx!w2rT9vB4"),
         (
             "the password is ok",
