@@ -125,6 +125,8 @@ def _widen(pattern: str) -> str:
 # Characters the view changes, as UTF-8: what each becomes, and its byte length.
 _SEQUENCES = tuple(chr(cp).encode("utf-8") for cp in sorted(_TABLE))
 _FOLDED = {chr(cp).encode("utf-8"): (_TABLE[cp] or "").encode("utf-8") for cp in _TABLE}
+_CHARS = {sequence: sequence.decode("utf-8") for sequence in _FOLDED}
+_FOLDED_TEXT = {sequence: folded.decode("ascii") for sequence, folded in _FOLDED.items()}
 # Changes mapped one by one: a base plus one per this many bytes. Past it, the rest
 # of the text maps as one piece, so a match in it is redacted to the end of the text
 # (nothing leaks; only text stuffed with invisible characters loses precision).
@@ -161,7 +163,7 @@ class _View:
     """The normalized view of a text as UTF-8 bytes, and its map back to the original's.
 
     Building it is C-speed work: one RE2 set scan says which changed characters
-    occur (ASCII text skips even that), and one `bytes.replace` per distinct
+    occur (ASCII text skips even that), and one `str.replace` per distinct
     character makes the view. The map (where each change sits) is built only when
     a rule matches, in one `re` scan over the changes.
     """
@@ -176,7 +178,7 @@ class _View:
         "norm",
     )
 
-    def __init__(self, data: bytes, present: tuple[bytes, ...] = ()) -> None:
+    def __init__(self, data: bytes, present: tuple[bytes, ...] = (), text: str = "") -> None:
         self.data = data
         self.norm = data
         self._present = present
@@ -184,10 +186,12 @@ class _View:
         self._norm_ends: list[int] = []
         self._orig_starts: list[int] = []
         self._orig_ends: list[int] = []
-        norm = data
-        for sequence in present:
-            norm = norm.replace(sequence, _FOLDED[sequence])
-        self.norm = norm
+        if present:
+            # one str.replace per distinct character: a fast single-character search
+            # over the decoded text (bytes.replace is slow over CJK, translate per char)
+            for sequence in present:
+                text = text.replace(_CHARS[sequence], _FOLDED_TEXT[sequence])
+            self.norm = text.encode("utf-8")
 
     @property
     def mapped(self) -> bool:
@@ -457,7 +461,7 @@ class Redactor:
         present = tuple(sorted(_SEQUENCES[h - count] for h in hits if h >= count))
         if not present:
             return _View(data), self._woken(h for h in hits if h < count)
-        view = _View(data, present)
+        view = _View(data, present, text)
         return view, self.candidates(view.norm)
 
     def _woken(self, hits: Iterable[int]) -> tuple[int, ...]:
