@@ -21,9 +21,10 @@ The rules live in worker/redaction_rules.py. This module owns how they run:
   proportional to its length, the rest of the text from the next match on becomes
   one marker. Nothing secret survives, and the time stays linear in the length.
 - The result is a fixed point: `redact(redact(x)[0])[0] == redact(x)[0]`. A
-  match whose secret is already a marker changes nothing, and no value a rule
-  takes can start or end inside a marker (tests/test_redaction_rules.py checks
-  this over every corpus; worker/prepare.py still verifies what it stores).
+  match whose secret is already a marker changes nothing, no value a rule takes
+  can start or end inside a marker, and a text that had matches is checked by
+  another pass (a marker can complete a match around it: a UUID glued to a
+  token ends at a word boundary once the token is a marker).
 """
 
 from __future__ import annotations
@@ -276,6 +277,9 @@ CROSS_WINDOW = 256
 MATCH_BUDGET_BASE = 64
 MATCH_BUDGET_BYTES = 1024
 
+# Passes after the first, for a text whose markers complete a match around them.
+SETTLE_ROUNDS = 2
+
 _MARKER = re.compile(rb"(?:\[REDACTED:[a-z0-9\-]+\][ \t]*)+")
 
 
@@ -502,7 +506,22 @@ class Redactor:
         return plan, data, out
 
     def redact(self, text: str) -> tuple[str, int]:
-        """(text with every secret replaced, number of replacements)."""
+        """(text with every secret replaced, number of replacements).
+
+        The result is a fixed point of redaction. A replacement can complete a
+        match around it (`SecureSessionID: <uuid>ghp_...`: the UUID ends at a word
+        boundary only once the token glued to it is a marker), so a text that had
+        matches is redacted again, up to SETTLE_ROUNDS times, until nothing changes.
+        """
+        out, count = self._redact_once(text)
+        for _ in range(SETTLE_ROUNDS if count else 0):
+            again, more = self._redact_once(out)
+            if not more:
+                break
+            out, count = again, count + more
+        return out, count
+
+    def _redact_once(self, text: str) -> tuple[str, int]:
         plan, data, spans = self._spans(text)
         if not spans or plan is None:
             return text, 0

@@ -101,7 +101,7 @@ COOKIE_PAIR = r"[^\s=;,\"'\\]+=(?:\"[^\"\n]*\"|[^;\s\"'\\]*)"
 # `---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----`, `-----begin private key-----`.
 _ARMOUR_END = r"[ \t]*-{3,}"
 _OPEN_TAIL = (
-    r"(?:(?s:.)*?-{3,}[ \t]*(?i:end)[ \t]+[^\r\n]*?(?i:private)[ \t]+(?i:key)(?:[ \t]+(?i:block))?"
+    r"(?:(?s:.)*?-{3,}[ \t]*(?i:end)[ \t]+(?:[A-Za-z0-9]+[ \t]+)*(?i:private)[ \t]+(?i:key)(?:[ \t]+(?i:block))?"
     + _ARMOUR_END
     + r"|(?s:.)*)"
 )
