@@ -379,14 +379,15 @@ def _seconds(text: str) -> float:
 def test_hostile_text_is_linear_and_near_benign(name: str) -> None:
     """Time grows with length, not its square, and stays near benign text.
 
-    The target is 5x benign (bench/redaction.py measures it at 1 MiB); on a shared CI
-    machine the bound here is 25x, which still catches any per-match rescan or
-    quadratic step (those cost 100x and more at this size).
+    The documented figure is 5x benign (bench/redaction.py measures it at 1 MiB,
+    worst 2.9x); the bound here is 15x, a 3x margin for a shared CI machine, which
+    still catches any per-match rescan or quadratic step (those cost 100x and more
+    at this size).
     """
     make = HOSTILE[name]
     benign = _seconds(BENIGN(512 * KiB))
     small, large = _seconds(make(128 * KiB)), _seconds(make(512 * KiB))
-    assert large <= 25 * max(benign, 0.001), (large, benign)
+    assert large <= 15 * max(benign, 0.001), (large, benign)
     assert large <= 12 * max(small, 0.0005), (large, small)  # 4x the input
 
 
