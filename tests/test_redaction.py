@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
-import string
 import time
 from collections.abc import Callable
 from typing import Any
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import examples
 from tests.helpers import avatar, dump_all
+from tests.secret_corpus import (
+    ANY_BENIGN,
+    ANY_CASE,
+    BENIGN,
+    FAMILIES,
+    SEEDS,
+    WRAPPERS,
+    Case,
+    benign,
+    cases,
+    chat,
+    fold,
+    instance,
+    leaks,
+)
 from worker import (
     ActionResult,
+    AgentReply,
     AvatarMessage,
     ConversationConfig,
     ConversationStore,
@@ -43,33 +59,23 @@ def test_rule_table_shape() -> None:
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
 def test_rule_alone_redacts_its_positives_with_its_marker(rule: Any) -> None:
     alone = Redactor((rule,))
-    for example in rule.positives:
-        out, count = alone.redact(example)
-        assert count >= 1 and f"[REDACTED:{rule.id}]" in out, example
-
-
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
-def test_full_table_removes_every_positive_secret(rule: Any) -> None:
-    alone = Redactor((rule,))
-    for example in rule.positives:
-        out, count = redact(example)
-        assert count >= 1 and "[REDACTED:" in out
-        for _, secret in alone.secrets(example):
-            assert secret not in out, (rule.id, example)
+    for sample in rule.positives:
+        out, count = alone.redact(sample)
+        assert count >= 1 and f"[REDACTED:{rule.id}]" in out, sample
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
 def test_negatives_are_untouched(rule: Any) -> None:
-    for example in (*rule.negatives, *GRID_NEGATIVES):
-        assert redact(example) == (example, 0), (rule.id, example)
-        assert Redactor((rule,)).redact(example) == (example, 0), (rule.id, example)
+    for sample in (*rule.negatives, *GRID_NEGATIVES):
+        assert redact(sample) == (sample, 0), (rule.id, sample)
+        assert Redactor((rule,)).redact(sample) == (sample, 0), (rule.id, sample)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
 def test_keywords_are_necessary(rule: Any) -> None:
-    """The pre-filter may skip a rule only if no match can exist: each example has a keyword."""
-    for example in rule.positives:
-        assert any(kw in example.lower() for kw in rule.keywords), (rule.id, example)
+    """The pre-filter may skip a rule only if no match can exist: each sample has a keyword."""
+    for sample in rule.positives:
+        assert any(kw in sample.lower() for kw in rule.keywords), (rule.id, sample)
 
 
 # -- the families DESIGN section 6 and the redaction issue name, one example each ------
@@ -143,149 +149,255 @@ def test_required_family_is_redacted(name: str) -> None:
     assert "Sup3rSecret" not in out
 
 
-# -- properties -------------------------------------------------------------------------
+# -- the secret corpus: every family, plain and obfuscated ----------------------------------
+#
+# Expected values come from tests/secret_corpus.py, which generates each secret and
+# so knows it: never from a rule. A secret "survives" when any 10 of its characters
+# in a row are still there, in the output as stored or folded as a reader sees it
+# (invisible characters dropped, NFKC), so a half-redacted secret fails too.
 
-ALNUM = string.ascii_letters + string.digits
-WORDS = st.sampled_from(
-    ["hi", "where", "is", "the", "sandbox", "boat", "key", "token", "password", "my", "at",
-     "llSay(0,", "<128, 128, 25>", "http://example.org/x", "?", "=", "sk-8", "lol", "8a5e2c1b"]
+FAMILY_NAMES = sorted(FAMILIES)
+# The families the issue names, by the corpus's names: a family dropped from the
+# corpus (or renamed away) fails here rather than silently testing less.
+NAMED_FAMILIES = {
+    "github", "github-pat", "openai", "openai-proj", "anthropic", "slack", "slack-app",
+    "aws-access-key", "google-api-key", "gitlab", "stripe-webhook", "google-oauth-secret",
+    "google-oauth-token", "jwt", "jwt-unsigned", "npm", "pypi", "stripe", "sendgrid",
+    "pem", "openssh", "putty", "pgp", "ssh2", "capability-url", "url-token-param", "sas-url",
+    "url-userinfo", "authorization", "api-key-header", "cookie", "assignment", "cli-flag",
+    "json", "json-escaped", "escaped-quote", "grid-session", "azure", "lsl",
+}  # fmt: skip
+
+
+def assert_no_survivor(cases: list[Case], out: str, baseline: str = "") -> None:
+    found = {case.family: leaked for case in cases if (leaked := leaks(case, out, baseline))}
+    assert not found, f"secrets survived: {found}\nin: {out!r}"
+
+
+def test_corpus_covers_every_named_family_and_obfuscation() -> None:
+    assert set(FAMILIES) >= NAMED_FAMILIES
+    assert set(WRAPPERS) >= {"zero-width", "full-width", "unicode-spaces"}
+    assert {"emoji-zwj-chat", "slurl", "hop", "lsl", "bare-uuid", "everyday", "code",
+            "scripts", "marker"} <= set(BENIGN)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_corpus_knows_its_secrets(family: str) -> None:
+    """The corpus itself: each secret is in the text it pastes, is long and random, and
+    the check below sees it in an unredacted text, wrapped or not (so it can fail)."""
+    for seed in range(20):
+        case = instance(family, seed)
+        assert case.family == family and case.secrets
+        for secret in case.secrets:
+            assert secret in case.text and len(secret) >= 16, secret
+            assert any(c.isdigit() for c in secret) and any(c.isalpha() for c in secret)
+        assert leaks(case, case.text)  # an identity "redactor" fails every family
+        for wrapper in WRAPPERS:
+            wrapped = instance(family, seed, wrapper)
+            assert set(leaks(wrapped, wrapped.text)) == set(wrapped.secrets), wrapper
+
+
+def test_obfuscations_change_what_is_pasted() -> None:
+    """A wrapper that changed nothing would test the plain case twice."""
+    for wrapper in ("zero-width", "full-width"):
+        for family in FAMILY_NAMES:
+            plain, wrapped = instance(family, 3), instance(family, 3, wrapper)
+            assert wrapped.text != plain.text and fold(wrapped.text) != wrapped.text
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@settings(max_examples=examples(15))
+@given(case=SEEDS)
+def test_family_secret_vanishes(family: str, case: int) -> None:
+    pasted = instance(family, case)
+    out, count = redact(pasted.text)
+    assert count >= 1
+    assert_no_survivor([pasted], out)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@settings(max_examples=examples(15))
+@given(case=SEEDS, wrapper=st.sampled_from(sorted(WRAPPERS)))
+def test_obfuscated_family_secret_vanishes(family: str, case: int, wrapper: str) -> None:
+    """Invisible characters inside the secret, full-width look-alikes, Unicode spaces."""
+    pasted = instance(family, case, wrapper)
+    out, count = redact(pasted.text)
+    assert count >= 1
+    assert_no_survivor([pasted], out)
+
+
+@pytest.mark.parametrize("kind", sorted(BENIGN))
+@settings(max_examples=examples(10))
+@given(seed=SEEDS)
+def test_benign_text_is_unchanged(kind: str, seed: int) -> None:
+    text = benign(kind, seed)
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize("kind", sorted(BENIGN))
+def test_every_benign_form_is_unchanged(kind: str) -> None:
+    """Each benign generator's every form at least once (a random draw may miss one)."""
+    changed = {
+        text: out for seed in range(60) if (out := redact(text := benign(kind, seed))[0]) != text
+    }
+    assert changed == {}
+
+
+def test_every_family_next_to_every_other() -> None:
+    """Every ordered pair of families in one text, plain and obfuscated: both secrets go.
+
+    Catches one family's match swallowing the start of the next one's (a credential
+    header whose value ran to the end of the line hid a PEM block after it).
+    """
+    wrappers = [None, *sorted(WRAPPERS)]
+    leaked = []
+    for i, first in enumerate(FAMILY_NAMES):
+        for j, second in enumerate(FAMILY_NAMES):
+            wrapper = wrappers[(i + j) % len(wrappers)]
+            pair = [instance(first, 1, wrapper), instance(second, 2, wrapper)]
+            for sep in (" ", "\n", "; "):
+                out = redact(pair[0].text + sep + pair[1].text)[0]
+                leaked += [(first, second, wrapper, sep) for case in pair if leaks(case, out)]
+    assert leaked == [], f"{len(leaked)} pairs leak, first: {leaked[:20]}"
+
+
+# Counterexamples found while exploring (HYPOTHESIS_PROFILE=explore): each stays an example.
+COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
+    # @@COUNTEREXAMPLES@@
+]
+
+
+def _counterexamples(test: Callable[..., None]) -> Callable[..., None]:
+    for found in reversed(COUNTEREXAMPLES):
+        test = example(found=found)(test)
+    return test
+
+
+@settings(max_examples=examples(200))
+@given(found=chat())
+@_counterexamples
+def test_secrets_pasted_into_chat_vanish(found: tuple[str, list[Case]]) -> None:
+    """Several families, some obfuscated, glued into chat with benign text around them."""
+    text, cases = found
+    out, count = redact(text)
+    assert count >= 1
+    assert_no_survivor(cases, out)
+
+
+MARKERISH = st.sampled_from(
+    ["[REDACTED:", "]", "[REDACTED:x]", "token=", "?token=", "://:", "@", "password:", "\\\"", "\u200b"]
 )  # fmt: skip
 
 
-def _token(alphabet: str, low: int, high: int) -> st.SearchStrategy[str]:
-    # at least one digit and one capital, so a secret never equals an ordinary word
-    return st.text(alphabet=alphabet, min_size=low, max_size=high).map(lambda t: "Q7" + t)
-
-
-UUIDS = st.uuids().map(str)
-B64URL = ALNUM + "_-"
-Secret = tuple[str, str]  # (text to paste, the part that must not survive)
-
-
-def _pair(make: Callable[..., str], *parts: st.SearchStrategy[str]) -> st.SearchStrategy[Secret]:
-    return st.tuples(*parts).map(lambda p: (make(*p), p[-1]))
-
-
-SECRETS: dict[str, st.SearchStrategy[Secret]] = {
-    "openai": _pair(
-        lambda pre, t: f"sk-{pre}{t}", st.sampled_from(["", "proj-", "svcacct-"]), _token(B64URL, 20, 50)
-    ),
-    "anthropic": _pair(lambda t: f"sk-ant-api03-{t}", _token(B64URL, 20, 60)),
-    "google": _pair(lambda t: f"AIza{t}", st.text(B64URL, min_size=35, max_size=35)),
-    "hf": _pair(lambda pre, t: f"{pre}{t}", st.sampled_from(["hf_", "api_org_"]), _token(ALNUM, 30, 40)),
-    "github": _pair(
-        lambda pre, t: f"{pre}_{t}", st.sampled_from(["ghp", "gho", "ghu", "ghs", "ghr"]), _token(ALNUM, 36, 40)
-    ),
-    "github-pat": _pair(lambda t: f"github_pat_{t}", _token(ALNUM + "_", 22, 60)),
-    "gitlab": _pair(lambda t: f"glpat-{t}", _token(B64URL, 20, 30)),
-    "slack": _pair(lambda k, t: f"xox{k}-{t}", st.sampled_from("bpaors"), _token(ALNUM + "-", 10, 40)),
-    "stripe": _pair(
-        lambda k, m, t: f"{k}_{m}_{t}", st.sampled_from(["sk", "rk"]), st.sampled_from(["live", "test"]),
-        _token(ALNUM, 16, 30),
-    ),
-    "aws": _pair(
-        lambda pre, t: f"{pre}{t}", st.sampled_from(["AKIA", "ASIA", "ABIA", "ACCA"]),
-        st.text(string.ascii_uppercase + string.digits, min_size=16, max_size=16),
-    ),
-    "jwt": _pair(
-        lambda a, b, c: f"eyJ{a}.eyJ{b}.{c}", _token(B64URL, 10, 30), _token(B64URL, 10, 30), _token(B64URL, 10, 40)
-    ),
-    "cap": _pair(
-        lambda host, path, u: f"http://{host}:9000/{path}/{u}/",
-        st.sampled_from(["sim.example.org", "10.0.0.5"]),
-        st.sampled_from(["CAPS", "caps", "CAPS/EQG", "cap", "lslhttp"]),
-        UUIDS,
-    ),
-    "session": _pair(lambda k, u: f"{k}={u}", st.sampled_from(["session_id", "secure_session_id"]), UUIDS),
-    "login-hash": _pair(lambda h: f"$1${h}", st.text("0123456789abcdef", min_size=32, max_size=32)),
-    "userinfo": _pair(lambda u, p: f"https://{u}:{p}@example.org/", st.sampled_from(["bob", "x"]), _token(ALNUM, 6, 20)),
-    "param": _pair(
-        lambda n, v: f"https://api.example.org/v1/x?a=1&{n}={v}",
-        st.sampled_from(["token", "access_token", "key", "api_key", "sig", "signature", "secret", "password", "auth", "session"]),
-        _token(ALNUM + "%.-_", 8, 30),
-    ),
-    "bearer": _pair(lambda t: f"Authorization: Bearer {t}", _token(B64URL + ".~+/", 16, 40)),
-    "curl-u": _pair(lambda u, p: f"curl -u {u}:{p} https://h", st.sampled_from(["admin", "me"]), _token(ALNUM, 6, 20)),
-    "assignment": _pair(
-        lambda k, sep, v: f"{k}{sep}{v}",
-        st.sampled_from(["password", "PASSWORD", "api_key", "secret", "token", "pwd"]),
-        st.sampled_from(["=", ": ", " = ", "="]),
-        _token(ALNUM + "!#$%&*+-./@^_|~", 6, 24),
-    ),
-    "pem": _pair(
-        lambda kind, body: f"-----BEGIN {kind}PRIVATE KEY-----\n{body}\n-----END {kind}PRIVATE KEY-----",
-        st.sampled_from(["", "RSA ", "EC ", "OPENSSH ", "ENCRYPTED "]),
-        _token(ALNUM + "+/", 20, 60),
-    ),
-    "pgp": _pair(
-        lambda body: f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n{body}\n-----END PGP PRIVATE KEY BLOCK-----",
-        _token(ALNUM + "+/", 20, 60),
-    ),
-    "putty": _pair(
-        lambda body: f"PuTTY-User-Key-File-3: ssh-ed25519\nPrivate-Lines: 1\n{body}\nPrivate-MAC: 9f3a",
-        _token(ALNUM + "+/", 20, 60),
-    ),
-    "curl-H": _pair(
-        lambda h, v: f"curl -H '{h}: {v}' https://api.example.org",
-        st.sampled_from(["X-Api-Key", "api-key", "X-Auth-Token", "PRIVATE-TOKEN", "Authorization"]),
-        _token(ALNUM + "-_.", 10, 40),
-    ),
-    "slack-webhook": _pair(
-        lambda t: f"https://hooks.slack.com/services/T0/B0/{t}", _token(ALNUM, 10, 30)
-    ),
-}  # fmt: skip
-ANY_SECRET = st.one_of(*SECRETS.values())
-
-
-@st.composite
-def chat_with_secrets(draw: st.DrawFn) -> tuple[str, list[str]]:
-    words = draw(st.lists(WORDS, max_size=12))
-    secrets = draw(st.lists(ANY_SECRET, min_size=1, max_size=4))
-    for paste, _ in secrets:
-        words.insert(draw(st.integers(0, len(words))), paste)
-    sep = draw(st.sampled_from([" ", "\n", " , "]))
-    return sep.join(words), [secret for _, secret in secrets]
-
-
-@settings(max_examples=300, deadline=None)
-@given(chat_with_secrets())
-def test_no_generated_secret_survives_redaction(case: tuple[str, list[str]]) -> None:
-    text, secrets = case
-    out, count = redact(text)
-    assert count >= 1
-    for secret in secrets:
-        assert secret not in out
+@settings(max_examples=examples(200))
+@given(
+    st.one_of(
+        chat().map(lambda found: found[0]),
+        ANY_BENIGN,
+        st.text(max_size=200),
+        st.lists(st.one_of(MARKERISH, ANY_CASE.map(lambda c: c.text), st.text(max_size=5)),
+                 max_size=8).map("".join),
+    )
+)  # fmt: skip
+def test_redaction_is_a_fixed_point(text: str) -> None:
+    """What is stored must be stored again unchanged: restore checks exactly this."""
+    once = redact(text)[0]
+    assert redact(once)[0] == once
 
 
 ALWAYS = Redactor(tuple(dataclasses.replace(rule, keywords=()) for rule in RULES))
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(chat_with_secrets().map(lambda c: c[0]), st.text(max_size=200)))
-def test_prefilter_changes_nothing_and_redaction_is_idempotent(text: str) -> None:
-    text = text.encode("utf-8", "ignore").decode("utf-8")
-    out = redact(text)
-    assert out == ALWAYS.redact(text)
-    assert redact(out[0])[0] == out[0]
+@settings(max_examples=examples(100))
+@given(st.one_of(chat().map(lambda found: found[0]), ANY_BENIGN, st.text(max_size=200)))
+def test_prefilter_changes_nothing(text: str) -> None:
+    """The keyword pre-filter only skips rules that cannot match."""
+    assert redact(text) == ALWAYS.redact(text)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(chat_with_secrets())
-def test_store_keeps_and_returns_no_secret(case: tuple[str, list[str]]) -> None:
-    """Avatar text, tool summaries and action details: nothing secret in Redis or in context."""
-    text, secrets = case
+# The corpus as (pasted text, a secret) pairs and chat with the secrets it holds,
+# for tests/test_restore_roundtrip.py, which runs the write path over the same families.
+SECRETS: dict[str, st.SearchStrategy[tuple[str, str]]] = {
+    family: cases(family).map(lambda c: (c.text, c.secrets[0])) for family in FAMILY_NAMES
+}
+ANY_SECRET = ANY_CASE.map(lambda c: (c.text, c.secrets[0]))
+
+
+def chat_with_secrets() -> st.SearchStrategy[tuple[str, list[str]]]:
+    return chat().map(lambda found: (found[0], [s for c in found[1] for s in c.secrets]))
+
+
+# -- through the store: nothing of a secret in any key or value --------------------------------
+
+
+def _record_all(store: ConversationStore, who: str, text: str, n: int) -> None:
+    store.record(who, "public", AvatarMessage(text=text), idempotency_key=f"{n}-0")
+    store.record(who, "public", AgentReply(text=text))
+    store.record(who, "im", ToolSummary(tool="web.fetch", summary=text))
+    store.record(who, "im", ActionResult(action="give", status="failed", detail=text))
+
+
+def corpus_cases() -> list[Case]:
+    """One instance of every family, plain and under every wrapper."""
+    return [
+        instance(family, 7, wrapper)
+        for family in FAMILY_NAMES
+        for wrapper in [None, *sorted(WRAPPERS)]
+    ]
+
+
+def test_store_keeps_no_secret_of_any_family(redis: Any) -> None:
+    """record() of every family, plain and obfuscated, as every kind of record: nothing
+    of a secret in any key or value of the server (every key dumped), nor in context.
+
+    Runs on fakeredis and the real servers. Small limits make sessions compact, so
+    the summary lines the Lua folds are searched too.
+    """
+    config = ConversationConfig(limits=Limits(max_turns_per_session=3))
+    cases = corpus_cases()
+    # Given a baseline: the same records with innocuous text, so the store's own
+    # identifiers (limits, layout, event names) are known not to be secrets
+    baseline_client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    baseline_store = ConversationStore(baseline_client, config, clock=ManualClock())
+    for n, _ in enumerate(cases):
+        _record_all(baseline_store, avatar(n), "hello there, nothing to see", n)
+    baseline = dump_all(baseline_client)
+    assert_no_survivor(cases, baseline)  # the corpus's secrets are not the store's words
+    # When every case is recorded, each by its own resident
+    store = ConversationStore(redis, config, clock=ManualClock())
+    for n, case in enumerate(cases):
+        _record_all(store, avatar(n), f"look: {case.text} ok?", n)
+    # Then no run of any secret is in the server or in what the model is shown
+    shown = "\n".join(m.content for n in range(len(cases)) for ch in ("public", "im")
+                      for m in store.context(avatar(n), ch))  # fmt: skip
+    assert_no_survivor(cases, dump_all(redis), baseline)
+    assert_no_survivor(cases, shown)
+
+
+@settings(max_examples=examples(30))
+@given(found=chat())
+def test_store_keeps_and_returns_no_secret(found: tuple[str, list[Case]]) -> None:
+    """Random chat through every record kind on fakeredis: nothing secret stored or shown.
+
+    Regression (flaky before): a generated secret piece such as `_session` matched the
+    store's own published limit `max_active_sessions`. Secrets are now long and random,
+    and a run found in a baseline store holding no secret is not counted.
+    """
+    text, cases = found
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     store = ConversationStore(client, clock=ManualClock())
+    _record_all(store, A, "nothing here", 0)
+    baseline = dump_all(client)
+    client.flushall()
     receipts = [
         store.record(A, "public", AvatarMessage(text=text)),
         store.record(A, "public", ToolSummary(tool="web.fetch", summary=text)),
         store.record(A, "im", ActionResult(action="give", status="failed", detail=text)),
     ]
     assert all(r.redactions >= 1 for r in receipts)
-    stored = dump_all(client)
     shown = "\n".join(m.content for ch in ("public", "im") for m in store.context(A, ch))
-    for secret in secrets:
-        assert secret not in stored and secret not in shown
+    assert_no_survivor(cases, dump_all(client), baseline)
+    assert_no_survivor(cases, shown)
 
 
 # -- store integration ---------------------------------------------------------------------
@@ -417,25 +529,6 @@ def test_a_generic_secret_never_hides_a_longer_one(text: str, leak: str) -> None
     out, count = redact(text)
     assert leak not in out and count >= 1
     assert redact(out)[0] == out
-
-
-def test_no_two_examples_side_by_side_hide_a_secret() -> None:
-    """Every pair of rules' positive examples on one line or two: each secret still goes.
-
-    Catches one rule's match swallowing the start of the next one's.
-    """
-    examples = []
-    for rule in RULES:
-        alone = Redactor((rule,))
-        for example in rule.positives:
-            examples.append((example, [s for _, s in alone.secrets(example) if len(s) >= 6]))
-    leaks = []
-    for first, first_secrets in examples:
-        for second, second_secrets in examples:
-            for sep in (" ", "\n"):
-                out = redact(first + sep + second)[0]
-                leaks += [(first, second) for s in first_secrets + second_secrets if s in out]
-    assert leaks == []
 
 
 def test_docs_list_every_rule() -> None:
