@@ -28,6 +28,7 @@ from tests.secret_corpus import (
     fold,
     instance,
     leaks,
+    leaks_all,
 )
 from worker import (
     ActionResult,
@@ -170,7 +171,7 @@ NAMED_FAMILIES = {
 
 
 def assert_no_survivor(cases: list[Case], out: str, baseline: str = "") -> None:
-    found = {case.family: leaked for case in cases if (leaked := leaks(case, out, baseline))}
+    found = leaks_all(cases, out, baseline)
     assert not found, f"secrets survived: {found}\nin: {out!r}"
 
 
