@@ -1,11 +1,12 @@
-"""Redaction throughput on chat, on secret-dense text and on hostile text.
+"""Redaction throughput on benign chat, on secret-dense text and on hostile text.
 
-    python bench/redaction.py [--size-mib 1] [--repeat 5]
+    python bench/redaction.py [--size-mib 1] [--repeat 5] [--no-record]
 
-Prints MB/s per corpus (best of --repeat runs, 1 MiB each by default), the
-hostile/benign time ratio for each hostile corpus at the same size (target <= 3),
-and the share of a `record()` call spent in redaction for chat-sized lines,
-measured against a real Valkey started for the run (target: chat >= 20 MB/s).
+Prints, per corpus (1 MiB each by default, best of --repeat runs, all measured in
+one run): MB/s, the time ratio to benign chat of the same size, and the number of
+redactions; then the worst hostile ratio (target: every hostile corpus <= 5x
+benign), and the share of a `record()` call spent in redaction for chat-sized
+lines, measured against a real Valkey started for the run.
 """
 
 from __future__ import annotations
@@ -29,12 +30,30 @@ CHAT_LINES = [
     "hi! is the sandbox open today?",
     "where can I buy a boat in this region?",
     "see http://maps.secondlife.com/secondlife/Ahern/128/128/25 for the spot",
-    "lol ok",
+    "lol ok \U0001f468\u200d\U0001f469\u200d\U0001f467 family photo time",
+    "parade at noon \U0001f3f3\ufe0f\u200d\U0001f308 \U0001f389\U0001f389",
     "my key is 8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90, add me",
     "the password for the club door is on the notecard",
     'llSetPos(<128, 128, 25>); llSay(0, "hello");',
     "check https://example.org/search?q=boats&page=2",
     "hop://grid.example.org:8002/Sandbox/128/128/25 is where we meet",
+]
+LSL_LINES = [
+    "key owner_key = llGetOwner();",
+    "key target_key = NULL_KEY;",
+    "integer pass = TRUE;",
+    'llSetText("Pass: " + (string)n, <1,1,1>, 1.0);',
+    'string token_name = "Gold Coin";',
+    'default { state_entry() { llListen(0, "", NULL_KEY, ""); } }',
+    'llHTTPRequest(url, [HTTP_METHOD, "POST"], llList2Json(JSON_OBJECT, ["q", msg]));',
+]
+MIXED_LINES = [
+    "Привет, где песочница? 8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
+    "مرحبا، أين صندوق الرمل؟ \u200fok\u200f",
+    "\u7802\u5834\u306f\u3069\u3053\u3067\u3059\u304b\uff1f\u3000\uff48\uff45\uff4c\uff4c\uff4f \uff12\uff10\uff12\uff14\u5e74",
+    "Il a dit\u00a0: «\u00a0bonjour\u00a0» et puis\u202f!",
+    "\u0646\u0635 \u0639\u0631\u0628\u064a with English and \u4e2d\u6587\uff0c\u6df7\u5408 \U0001f600 ok",
+    "\uff26\uff55\uff4c\uff4c\uff0d\uff57\uff49\uff44\uff54\uff48 \uff43\uff48\uff41\uff54\uff1a\uff48\uff49\uff01",
 ]
 
 
@@ -45,20 +64,41 @@ def corpus(lines: list[str], size: int, seed: int = 1) -> str:
     while n < size:
         line = rng.choice(lines)
         out.append(line)
-        n += len(line) + 1
-    return "\n".join(out)[:size]
+        n += len(line.encode("utf-8")) + 1
+    return "\n".join(out)
+
+
+def repeat(unit: str, size: int) -> str:
+    return unit * (size // len(unit.encode("utf-8")) + 1)
+
+
+def invisible(size: int, count: int = 10_000, seed: int = 2) -> str:
+    """Benign chat with `count` invisible characters inside its words."""
+    rng = random.Random(seed)
+    chars = list(corpus(CHAT_LINES[:3] + CHAT_LINES[5:], size - 3 * count))
+    marks = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad"]
+    for at in sorted(rng.sample(range(len(chars)), count), reverse=True):
+        chars.insert(at, rng.choice(marks))
+    return "".join(chars)
 
 
 def hostile(size: int) -> dict[str, str]:
     return {
-        "runs of ://": "://" * (size // 3),
-        "runs of =": "a=" * (size // 2),
-        "runs of sk-": "sk-" * (size // 3),
+        "token: ": repeat("token: ", size),
+        "?token=a&": repeat("?token=a&", size),
+        "://a:b@": repeat("://a:b@", size),
+        "password=": repeat("password=", size),
+        '"password":"': repeat('"password":"', size),
+        '\\"': repeat('\\"', size),
+        "-----BEGIN PRIVATE KEY----- repeated": repeat("-----BEGIN PRIVATE KEY-----", size),
+        "unterminated private key": "-----BEGIN PRIVATE KEY-----" + "A" * size,
+        "10k invisible chars": invisible(size),
+        "mixed-script text": corpus(MIXED_LINES, size),
+        "runs of sk-": repeat("sk-", size),
         "nested brackets": "[(<{" * (size // 8) + "}>)]" * (size // 8),
         "near matches": corpus(
             ["sk-abc", "password ;", "http://h/cap/8a5e2c1b-0d6f", "ghp_", "eyJx.eyJ", "AKIA12",
              "$1$ab", "?token&key", "bearer x", "-----BEGIN PUBLIC KEY-----"], size),
-        "unterminated private key": "-----BEGIN PRIVATE KEY-----" + "A" * size,
     }  # fmt: skip
 
 
@@ -98,33 +138,50 @@ def main() -> None:
     )
     parser.add_argument("--size-mib", type=float, default=1.0)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-record", action="store_true", help="skip the record() share")
     args = parser.parse_args()
     size = int(args.size_mib * (1 << 20))
 
-    chat = corpus(CHAT_LINES, size)
-    dense = corpus([p for rule in RULES for p in rule.positives] + CHAT_LINES[:3], size)
-    rows: list[tuple[str, float, int, str]] = []
-    benign = best_seconds(lambda: DEFAULT_REDACTOR.redact(chat), args.repeat)
-    rows.append(("chat (benign)", benign, DEFAULT_REDACTOR.redact(chat)[1], "target >= 20 MB/s"))
-    dense_s = best_seconds(lambda: DEFAULT_REDACTOR.redact(dense), args.repeat)
-    rows.append(("dense with secrets", dense_s, DEFAULT_REDACTOR.redact(dense)[1], ""))
-    for name, text in hostile(size).items():
-        seconds = best_seconds(lambda t=text: DEFAULT_REDACTOR.redact(t), args.repeat)  # type: ignore[misc]
-        ratio = seconds / benign
-        rows.append((f"hostile: {name}", seconds, DEFAULT_REDACTOR.redact(text)[1],
-                     f"{ratio:.2f}x benign (target <= 3)"))  # fmt: skip
+    def run(text: str) -> tuple[float, int]:
+        return best_seconds(lambda: DEFAULT_REDACTOR.redact(text), args.repeat), len(
+            text.encode("utf-8")
+        )
 
-    print(f"\n{len(RULES)} rules, {size / (1 << 20):.2f} MiB per corpus, best of {args.repeat}\n")
-    header = f"{'corpus':<34} {'MB/s':>9} {'ms':>8} {'redactions':>11}  note"
+    benign = {
+        "chat with emoji (benign)": corpus(CHAT_LINES, size),
+        "LSL without secrets (benign)": corpus(LSL_LINES, size),
+        "dense with secrets": corpus([p for rule in RULES for p in rule.positives], size),
+    }
+    rows: list[tuple[str, float, int, int, bool]] = []
+    for name, text in benign.items():
+        seconds, nbytes = run(text)
+        rows.append((name, seconds, nbytes, DEFAULT_REDACTOR.redact(text)[1], False))
+    for name, text in hostile(size).items():
+        seconds, nbytes = run(text)
+        rows.append((f"hostile: {name}", seconds, nbytes, DEFAULT_REDACTOR.redact(text)[1], True))
+
+    # the ratio compares seconds per byte, so corpora a few bytes apart compare fairly
+    base = rows[0][1] / rows[0][2]
+    print(f"\n{len(RULES)} rules, ~{size / (1 << 20):.2f} MiB per corpus, best of {args.repeat}\n")
+    header = f"{'corpus':<40} {'MB/s':>8} {'ms':>8} {'x benign':>9} {'redactions':>11}"
     print(header)
-    print("-" * (len(header) + 24))
-    for name, seconds, count, note in rows:
-        print(f"{name:<34} {size / seconds / 1e6:>9.1f} {seconds * 1000:>8.2f} {count:>11}  {note}")
-    per_record, per_redact = record_share(args.repeat)
-    print(
-        f"\nrecord() of a chat line: {per_record:.0f} us, of which redaction {per_redact:.1f} us "
-        f"({per_redact / per_record:.1%})"
-    )
+    print("-" * len(header))
+    worst = 0.0
+    for name, seconds, nbytes, count, is_hostile in rows:
+        ratio = seconds / nbytes / base
+        if is_hostile:
+            worst = max(worst, ratio)
+        print(
+            f"{name:<40} {nbytes / seconds / 1e6:>8.1f} {seconds * 1000:>8.2f} {ratio:>8.2f}x {count:>11}"
+        )
+    verdict = "ok" if worst <= 5 else "OVER TARGET"
+    print(f"\nworst hostile ratio: {worst:.2f}x benign (target <= 5x): {verdict}")
+    if not args.no_record:
+        per_record, per_redact = record_share(args.repeat)
+        print(
+            f"\nrecord() of a chat line: {per_record:.0f} us, of which redaction {per_redact:.1f} us "
+            f"({per_redact / per_record:.1%})"
+        )
 
 
 if __name__ == "__main__":

@@ -4,386 +4,254 @@ Residents paste capability URLs, login hashes, API keys and passwords into chat,
 and tools return URLs with tokens. Every text field passes through `redact()`
 before it is encoded, so no secret is ever an argument of a Redis command.
 
-The rules are a curated table: an id, an RE2 pattern, literal keywords that any
-match must contain (a cheap pre-filter), and positive and negative examples that
-the tests run. A pattern may mark the secret part with `(?P<secret>...)`; then
-only that part is replaced and the rest (a parameter name, a URL's host) stays
-readable. Each match becomes `[REDACTED:<rule-id>]`.
+The rules live in worker/redaction_rules.py. This module owns how they run:
 
-All patterns run as one alternation in google-re2, a linear-time engine: no
-chat line, however crafted, can make matching backtrack. Rules earlier in the
-table win where two could match at the same place (RE2 is leftmost-first), so
-specific rules precede generic ones.
+- Detection runs on a *normalized view* of the text: invisible format characters
+  are dropped (a zero-width space inside a token), full-width and other
+  compatibility forms are folded to ASCII (NFKC, per character), and every space
+  class of a rule also takes Unicode spaces. A map from the view back to the
+  original turns each match into a span of the ORIGINAL text, and that span is
+  replaced: nothing of a secret survives, its invisible characters included.
+  ASCII text skips the view; other text pays one RE2 scan, and the map is built
+  only for a text with a match.
+- All patterns run in google-re2, a linear-time engine, as one leftmost-first
+  alternation of the rules the keyword pre-filter woke.
+- Text so dense with matches that handling each one would cost far more than
+  scanning (a megabyte of `?token=a&`) is cut short: after a budget of matches
+  proportional to its length, the rest of the text from the next match on becomes
+  one marker. Nothing secret survives, and the time stays linear in the length.
+- The result is a fixed point: `redact(redact(x)[0])[0] == redact(x)[0]`. A
+  match whose secret is already a marker changes nothing, no value a rule takes
+  can start or end inside a marker, and a text that had matches is checked by
+  another pass (a marker can complete a match around it: a UUID glued to a
+  token ends at a word boundary once the token is a marker).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import re2
 
-UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-# An optional scheme://host[:port] in front of a path, so the whole URL goes.
-URL_HEAD = r"(?:[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s/?#]+)?"
-# Characters that end a bare secret value in chat: whitespace, quotes, separators.
-VALUE = r"[^\s\"'`,;<>()\[\]{}]"
+from worker.redaction_rules import GRID_NEGATIVES, RULES, Rule
+
+__all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "normalize", "redact"]
+
+# -- the normalized view ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """One kind of secret. `keywords` are lowercase literals a match must contain."""
+def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
+    """(translate table, format characters, characters folded to ASCII or a space)."""
+    table: dict[int, str | None] = {}
+    fmt: list[int] = []
+    fold: list[int] = []
+    for block in (range(0x80, 0x30000), range(0xE0000, 0xE1000)):
+        for cp in block:
+            ch = chr(cp)
+            category = unicodedata.category(ch)
+            if category == "Cf" or cp in (0x00AD, 0x180E, 0x034F):
+                table[cp] = None
+                fmt.append(cp)
+            elif category in ("Zs", "Zl", "Zp"):
+                continue  # Unicode spaces: the patterns take them as spaces (_widen)
+            else:
+                folded = unicodedata.normalize("NFKC", ch)
+                if folded != ch and folded.isascii() and folded.isprintable():
+                    table[cp] = folded
+                    fold.append(cp)
+    return table, fmt, fold
 
-    id: str
-    pattern: str
-    keywords: tuple[str, ...]
-    positives: tuple[str, ...]
-    negatives: tuple[str, ...] = ()
+
+def _re2_class(points: list[int]) -> str:
+    """An RE2 character-class body for sorted code points, as compact ranges."""
+    parts: list[str] = []
+    start = prev = -2
+    for cp in [*points, -10]:
+        if cp == prev + 1:
+            prev = cp
+            continue
+        if start >= 0:
+            parts.append(
+                f"\\x{{{start:x}}}" if start == prev else f"\\x{{{start:x}}}-\\x{{{prev:x}}}"
+            )
+        start = prev = cp
+    return "".join(parts)
 
 
-# Everyday grid text that no rule may touch; every rule is tested against these too.
-GRID_NEGATIVES: tuple[str, ...] = (
-    "my key is 8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90, add me",
-    "texture 89556747-24cb-43ed-920b-47caed15465f on the prim",
-    "hop://grid.example.org:8002/Sandbox%20One/128/128/25",
-    "secondlife:///app/agent/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90/about",
-    "secondlife://Ahern/128/128/25",
-    "http://maps.secondlife.com/secondlife/Ahern/128/128/25",
-    'key owner = llGetOwner(); llRegionSayTo(owner, 0, "hello");',
-    "llSetPos(<128, 128, 25>); vector v = <0.5, 0.5, 1.0>;",
-    "asset hash 3a7bd3e2360a3d29eea436fcfb7e44c735d117c4",
-    "the sandbox resets at noon, ask the skeleton crew at sk-8 park",
-    "task-force meeting: keys, tokens and passwords are not for chat",
-    "[REDACTED:openai-key] was already removed",
+_TABLE, _FMT_POINTS, _FOLD_POINTS = _tables()
+# Unicode spaces (NBSP, U+2000-200A, U+202F, U+3000, ...): every `[ \t]`, `\s` and
+# literal space of a rule also takes them, so `password:\u00a0x` is an assignment
+# and a value ends at an NBSP, with no view work for French or CJK typography.
+UNICODE_SPACES = _re2_class(
+    [cp for cp in range(0x80, 0x3001) if unicodedata.category(chr(cp)) in ("Zs", "Zl", "Zp")]
 )
 
-RULES: tuple[Rule, ...] = (
-    # -- private key blocks first: they contain every other kind of text ---------
-    Rule(
-        "pem-private-key",
-        r"-----BEGIN (?:RSA |EC |DSA |ENCRYPTED )?PRIVATE KEY-----"
-        r"(?:(?s:.)*?-----END (?:RSA |EC |DSA |ENCRYPTED )?PRIVATE KEY-----|(?s:.)*)",
-        ("private key-----",),
-        (
-            "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7x\n-----END RSA PRIVATE KEY-----",
-            "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC (pasted, cut off)",
-        ),
-        (
-            "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----",
-        ),
-    ),
-    Rule(
-        "openssh-private-key",
-        r"-----BEGIN OPENSSH PRIVATE KEY-----"
-        r"(?:(?s:.)*?-----END OPENSSH PRIVATE KEY-----|(?s:.)*)",
-        ("openssh private key",),
-        (
-            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
-        ),
-        (
-            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me@host",
-        ),
-    ),
-    Rule(
-        "pgp-private-key",
-        r"-----BEGIN PGP PRIVATE KEY BLOCK-----"
-        r"(?:(?s:.)*?-----END PGP PRIVATE KEY BLOCK-----|(?s:.)*)",
-        ("pgp private key",),
-        ("-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF2\n-----END PGP PRIVATE KEY BLOCK-----",),
-        ("-----BEGIN PGP PUBLIC KEY BLOCK-----\nmQENBF2\n-----END PGP PUBLIC KEY BLOCK-----",),
-    ),
-    Rule(
-        "putty-private-key",
-        r"PuTTY-User-Key-File-\d+:(?:(?s:.)*?Private-MAC:[ \t]*[0-9a-fA-F]+|(?s:.)*)",
-        ("putty-user-key-file-",),
-        (
-            "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: me\nPublic-Lines: 2\n"
-            "AAAAC3NzaC1lZDI1NTE5\nPrivate-Lines: 1\nAAAAIGx4\nPrivate-MAC: 8f2c0a1b3d4e5f60",
-        ),
-        ("I converted my key with PuTTYgen yesterday",),
-    ),
-    # -- grid capabilities and login secrets --------------------------------------
-    Rule(
-        "grid-eqg-cap",
-        URL_HEAD + r"/(?i:caps)/(?i:eqg)/" + UUID + r"/?",
-        ("/eqg/",),
-        ("https://sim7.agni.lindenlab.com:12043/CAPS/EQG/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90/",),
-        ("the event queue (EQG) was slow today",),
-    ),
-    Rule(
-        "grid-seed-cap",
-        URL_HEAD + r"/(?i:caps)/" + UUID + r"(?:0000)?/?",
-        ("/caps/",),
-        (
-            "http://sim.example.org:9000/CAPS/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a900000/",
-            "/CAPS/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90/",
-            "seed cap: https://simhost-0a1b2c3d.agni.secondlife.io:12043/caps/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
-        ),
-        ("CAPS LOCK is on, sorry", "see /caps/ in the docs"),
-    ),
-    Rule(
-        "grid-cap",
-        URL_HEAD + r"/(?i:cap)/" + UUID + r"(?:/" + VALUE + r"*)?",
-        ("/cap/",),
-        (
-            "https://sim1.agni.lindenlab.com:12043/cap/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
-            "http://127.0.0.1:9000/cap/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90/upload",
-        ),
-        ("nice cap/hat combo", "/cap/ is where the sim serves capabilities"),
-    ),
-    Rule(
-        "grid-lslhttp",
-        URL_HEAD + r"/(?i:lslhttps?)/" + UUID + r"/?" + VALUE + r"*",
-        ("/lslhttp",),
-        (
-            "http://grid.example.org:9000/lslhttp/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90/",
-            "/lslhttps/8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90/?q=1",
-        ),
-        ("llRequestURL() gives you an lslhttp URL",),
-    ),
-    Rule(
-        "grid-session-id",
-        r"(?i:\b(?:secure_)?session_?id)[\"']?[ \t]*[:=][ \t]*[\"']?(?P<secret>" + UUID + ")",
-        ("session",),
-        (
-            "session_id=8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
-            "'secure_session_id': '8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90'",
-            "SessionID: 8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
-        ),
-        ("your session is 8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90 minutes old?",),
-    ),
-    Rule(
-        "grid-login-hash",
-        r"\$1\$[0-9a-fA-F]{32}\b",
-        ("$1$",),
-        ("passwd=$1$5f4dcc3b5aa765d61d8327deb882cf99", "$1$5F4DCC3B5AA765D61D8327DEB882CF99"),
-        ("it cost $1 $2 $3", "$1$abc"),
-    ),
-    # -- URLs carrying credentials ---------------------------------------------------
-    Rule(
-        "url-userinfo",
-        r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://(?P<secret>[^\s/?#@:\"']+:[^\s/?#@\"']+)@",
-        ("://",),
-        (
-            "https://bob:hunter2@example.org/x",
-            "redis://default:s3cr3tP4ss@cache.internal:6379/0",
-        ),
-        ("mailto:someone@example.org", "https://example.org/@someone", "http://host:8080/path"),
-    ),
-    Rule(
-        "slack-webhook",
-        r"https://hooks\.slack\.com/(?:services|workflows|triggers)/" + VALUE + r"+",
-        ("hooks.slack.com",),
-        ("https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",),
-        ("post it in the slack channel",),
-    ),
-    Rule(
-        "discord-webhook",
-        r"https://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/\d+/" + VALUE + r"+",
-        ("/api/webhooks/",),
-        (
-            "https://discord.com/api/webhooks/123456789012345678/AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
-        ),
-        ("https://discord.gg/gridparty",),
-    ),
-    Rule(
-        "url-token-param",
-        r"[?&;](?i:access_token|refresh_token|id_token|auth_token|token|api_key|apikey|key|"
-        r"client_secret|secret|password|passwd|pwd|sig|signature|x-amz-signature|"
-        r"x-amz-credential|x-amz-security-token|auth|session|sessionid|session_id|code)"
-        r"=(?P<secret>[^&\s#\"'<>]+)",
-        ("=",),
-        (
-            "https://api.example.com/v1/items?token=abc123def456&page=2",
-            "https://maps.googleapis.com/maps/api/js?key=AIzaSyD-not-a-real-key-000",
-            "https://bucket.s3.amazonaws.com/f.png?X-Amz-Signature=3b1f00c0ffee&X-Amz-Expires=60",
-            "http://sim.example.org:9000/?session=8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
-        ),
-        ("https://example.org/search?q=sandbox&page=2", "https://example.org/?keyboard=us"),
-    ),
-    # -- HTTP credentials -------------------------------------------------------------
-    Rule(
-        "authorization-header",
-        r"(?i:\b(?:proxy-)?authorization)[ \t]*:[ \t]*(?P<secret>(?:(?i:bearer|basic|token|digest|"
-        r"negotiate)[ \t]+)?[^\s\"']+)",
-        ("authorization",),
-        (
-            "Authorization: Basic Ym9iOmh1bnRlcjI=",
-            'curl -H "Authorization: token 0123456789abcdef0123" https://api.example.org',
-        ),
-        ("authorization is needed for that parcel",),
-    ),
-    Rule(
-        "bearer-token",
-        r"(?i:\bbearer)[ \t]+(?P<secret>[A-Za-z0-9\-._~+/]{16,}=*)",
-        ("bearer",),
-        ("use Bearer abcdefghijklmnop1234 for it", "bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0"),
-        ("the bearer of this notecard", "ring bearer duties"),
-    ),
-    # The value runs to the end of the line, quotes included: one that stopped at a
-    # quote left what follows it (`Cookie: a=b api_key = "..."`) for no rule to see.
-    Rule(
-        "credential-header",
-        r"(?i:\b(?:x-api-key|api-key|x-auth-token|x-access-token|private-token|x-goog-api-key|"
-        r"cookie|set-cookie))[ \t]*:[ \t]*(?P<secret>[^\r\n]+)",
-        ("key:", "token:", "cookie:", "key :", "token :", "cookie :"),
-        (
-            "curl -H 'X-Api-Key: 8f14e45fceea167a5a36dedd4bea2543' https://api.example.org",
-            "Cookie: sessionid=abc123; csrftoken=def456",
-            "PRIVATE-TOKEN: glp-not-a-real-one-123",
-        ),
-        ("the cookie jar is on the table", "my api-key question: where do I get one?"),
-    ),
-    Rule(
-        "curl-user",
-        r"(?:\s|^)(?:-u|--user)[ \t=]+[\"']?(?P<secret>[^\s\"':]+:[^\s\"']+)",
-        ("-u", "--user"),
-        ("curl -u admin:changeme https://example.org", "curl --user=bob:pa55word http://h"),
-        ("use -u to set the user", "sign-up: open"),
-    ),
-    # -- provider keys -------------------------------------------------------------------
-    Rule(
-        "anthropic-key",
-        r"\bsk-ant-[A-Za-z0-9_\-]{20,}",
-        ("sk-ant-",),
-        ("sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123456789_ABCDEFG-hijk",),
-        ("sk-ant-short",),
-    ),
-    Rule(
-        "openai-key",
-        r"\bsk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
-        ("sk-",),
-        (
-            "sk-abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJ",
-            "OPENAI_API_KEY=sk-proj-abcdefghijklmnop_qrstuvwx-yz0123456789",
-            "sk-svcacct-0123456789abcdefghijklmnopqrst",
-        ),
-        ("sk-8 park", "task-force-alpha-bravo-charlie-delta-echo"),
-    ),
-    Rule(
-        "google-api-key",
-        r"\bAIza[0-9A-Za-z_\-]{30,}",
-        ("aiza",),
-        ("AIzaSyA1234567890abcdefghijklmnopqrstuv",),
-        ("AIzawesome idea",),
-    ),
-    Rule(
-        "huggingface-token",
-        r"\b(?:hf|api_org)_[A-Za-z0-9]{30,}",
-        ("hf_", "api_org_"),
-        ("hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "api_org_abcdefghijklmnopqrstuvwxyzABCD"),
-        ("hf_ is the prefix of Hugging Face tokens",),
-    ),
-    Rule(
-        "github-token",
-        r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,}",
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
-        ("ghp_0123456789abcdefghijklmnopqrstuvwxyz", "ghs_ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"),
-        ("ghp_short",),
-    ),
-    Rule(
-        "github-pat",
-        r"\bgithub_pat_[A-Za-z0-9_]{22,}",
-        ("github_pat_",),
-        ("github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",),
-        ("github_pat_ tokens are fine-grained",),
-    ),
-    Rule(
-        "gitlab-token",
-        r"\bglpat-[A-Za-z0-9_\-]{20,}",
-        ("glpat-",),
-        ("glpat-abcdefghij0123456789",),
-        ("glpat- is GitLab's prefix",),
-    ),
-    Rule(
-        "slack-token",
-        r"\bxox[abposre]-[A-Za-z0-9\-]{10,}",
-        ("xox",),
-        ("xoxb-123456789012-123456789012-abcdefghijklmnopqrstuvwx", "xoxp-1234567890-abcdef"),
-        ("xoxo, see you tomorrow",),
-    ),
-    Rule(
-        "stripe-key",
-        r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}",
-        ("_live_", "_test_"),
-        ("sk_live_0123456789abcdefABCDEF", "rk_test_abcdefghijklmnopqrstuvwx"),
-        ("run_test_suite before you push",),
-    ),
-    Rule(
-        "aws-access-key",
-        r"\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b",
-        ("akia", "asia", "abia", "acca"),
-        ("AKIAIOSFODNN7EXAMPLE", "aws_access_key_id = ASIAY34FZKBOKMUTVV7A"),
-        ("ASIA is a continent", "AKIAIOSFODNN7EXAMPLEX is too long"),
-    ),
-    Rule(
-        "aws-secret-key",
-        r"(?i:aws_?secret_?(?:access_?)?key)[\"']?[ \t]*[:=][ \t]*[\"']?(?P<secret>[A-Za-z0-9/+=]{40})",
-        ("secret",),
-        ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",),
-        ("where is the aws secret key setting?",),
-    ),
-    Rule(
-        "sendgrid-key",
-        r"\bSG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}\b",
-        ("sg.",),
-        ("SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG",),
-        ("SG.1 is the first region",),
-    ),
-    Rule(
-        "npm-token",
-        r"\bnpm_[A-Za-z0-9]{36}\b",
-        ("npm_",),
-        ("npm_abcdefghijklmnopqrstuvwxyz0123456789",),
-        ("npm_config_cache is a setting",),
-    ),
-    Rule(
-        "telegram-bot-token",
-        r"\b\d{8,10}:AA[A-Za-z0-9_\-]{33}\b",
-        (":aa",),
-        ("123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0",),
-        ("meet at 12:AA gate",),
-    ),
-    Rule(
-        "jwt",
-        r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
-        ("eyj",),
-        (
-            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-        ),
-        ("eyJ is how base64 JSON starts",),
-    ),
-    # -- generic assignments and phrases, last: everything specific has had its turn ---
-    Rule(
-        "secret-assignment",
-        r"(?i:\b(?:password|passwd|passphrase|pwd|secret|client_secret|api_?key|api-key|access_?key|"
-        r"secret_?key|private_?key|access_token|auth_token|refresh_token|token))"
-        # an HTTP auth scheme word is not the secret: what follows it is
-        r"[\"']?[ \t]*(?::=|=>|[:=])[ \t]*[\"']?"
-        r"(?P<secret>(?:(?i:bearer|basic|digest|token)[ \t]+)?" + VALUE + r"{4,})",
-        ("pass", "pwd", "secret", "key", "token"),
-        (
-            "password=hunter2",
-            "auth_token: Basic dXNlcjpwYXNzd29yZA==",
-            "PASSWORD: correct-horse-battery",
-            'api_key = "0123456789abcdef"',
-            "{'token': 'tok_1234567890'}",
-            'string pwd = "letmein!";',
-        ),
-        ("password is required", "the api key page", "token: ok", "key = llGetOwner"),
-    ),
-    Rule(
-        "password-phrase",
-        r"(?i:\b(?:my|the|our|your)[ \t]+(?:password|passwd|pw|passcode|pin)[ \t]+(?:is|was)[ \t]*:?)"
-        r"[ \t]+(?P<secret>[^\s\"']{4,})",
-        ("pass", " pw ", " pin "),
-        ("my password is Tr0ub4dor&3", "the passcode was 8812-ab"),
-        ("the password is ok", "my pin is 42"),
-    ),
-)
 
+def _widen(pattern: str) -> str:
+    """`pattern` with every space class also taking Unicode spaces."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            pair = pattern[i : i + 2]
+            if pair == "\\s":
+                out.append(f"\\s{UNICODE_SPACES}" if in_class else f"[\\s{UNICODE_SPACES}]")
+            else:
+                out.append(pair)
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append("[^" if pattern.startswith("[^", i) else "[")
+            i += 2 if pattern.startswith("[^", i) else 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        elif ch == " ":
+            out.append(f" {UNICODE_SPACES}" if in_class else f"[ {UNICODE_SPACES}]")
+            i += 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+# Characters the view changes, as UTF-8: what each becomes, and its byte length.
+_SEQUENCES = tuple(chr(cp).encode("utf-8") for cp in sorted(_TABLE))
+_FOLDED = {chr(cp).encode("utf-8"): (_TABLE[cp] or "").encode("utf-8") for cp in _TABLE}
+_CHARS = {sequence: sequence.decode("utf-8") for sequence in _FOLDED}
+_FOLDED_TEXT = {sequence: folded.decode("ascii") for sequence, folded in _FOLDED.items()}
+# Changes mapped one by one: a base plus one per this many bytes. Past it, the rest
+# of the text maps as one piece, so a match in it is redacted to the end of the text
+# (nothing leaks; only text stuffed with invisible characters loses precision).
+CHANGE_BUDGET_BASE = 256
+CHANGE_BUDGET_BYTES = 32
+
+
+def _change_entries() -> tuple[str, ...]:
+    """RE2 set entries, one per changed character, that match where the view changes
+    the text in a way a rule could see. A foldable letter or digit matches anywhere
+    (a full-width token among CJK text); a format character or foldable punctuation
+    only next to visible ASCII or another changed character. So an emoji's zero-width
+    joiner (between two emoji) and a CJK full-width comma (between two ideographs)
+    match none, and honest non-Latin text keeps the one-scan path."""
+    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
+    entries = []
+    for sequence in _SEQUENCES:
+        folded = _FOLDED[sequence].decode("ascii")
+        char = re2.escape(sequence.decode("utf-8"))
+        alnum = folded.isalnum()
+        entries.append(char if alnum else f"{near}{char}|{char}{near}")
+    return tuple(entries)
+
+
+_CHANGE_ENTRIES = _change_entries()
+
+
+@functools.lru_cache(maxsize=256)
+def _occurrence_pattern(present: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    return re.compile(b"|".join(re.escape(sequence) for sequence in present))
+
+
+class _View:
+    """The normalized view of a text as UTF-8 bytes, and its map back to the original's.
+
+    Building it is C-speed work: one RE2 set scan says which changed characters
+    occur (ASCII text skips even that), and one `str.replace` per distinct
+    character makes the view. The map (where each change sits) is built only when
+    a rule matches, in one `re` scan over the changes.
+    """
+
+    __slots__ = (
+        "_norm_ends",
+        "_norm_starts",
+        "_orig_ends",
+        "_orig_starts",
+        "_present",
+        "data",
+        "norm",
+    )
+
+    def __init__(self, data: bytes, present: tuple[bytes, ...] = (), text: str = "") -> None:
+        self.data = data
+        self.norm = data
+        self._present = present
+        self._norm_starts: list[int] = []
+        self._norm_ends: list[int] = []
+        self._orig_starts: list[int] = []
+        self._orig_ends: list[int] = []
+        if present:
+            # one str.replace per distinct character: a fast single-character search
+            # over the decoded text (bytes.replace is slow over CJK, translate per char)
+            for sequence in present:
+                text = text.replace(_CHARS[sequence], _FOLDED_TEXT[sequence])
+            self.norm = text.encode("utf-8")
+
+    @property
+    def mapped(self) -> bool:
+        return bool(self._present)
+
+    def build_map(self) -> None:
+        """Where each change sits, in the original and in the view (once, on demand)."""
+        if self._orig_starts or not self._present:
+            return
+        data = self.data
+        budget = CHANGE_BUDGET_BASE + len(data) // CHANGE_BUDGET_BYTES
+        orig_starts, orig_ends = self._orig_starts, self._orig_ends
+        norm_starts, norm_ends = self._norm_starts, self._norm_ends
+        norm = done = 0
+        for found in _occurrence_pattern(self._present).finditer(data):
+            start, end = found.span()
+            budget -= 1
+            folded = (
+                len(_FOLDED[found.group()])
+                if budget >= 0
+                else len(self.norm) - norm - (start - done)
+            )
+            if budget < 0:
+                end = len(data)  # the rest maps as one piece
+            norm += start - done
+            orig_starts.append(start)
+            norm_starts.append(norm)
+            norm += folded
+            orig_ends.append(end)
+            norm_ends.append(norm)
+            done = end
+            if budget < 0:
+                break
+
+    def start(self, pos: int) -> int:
+        """Original byte offset of view offset `pos` taken as a span's start."""
+        k = bisect.bisect_right(self._norm_starts, pos) - 1
+        if k < 0:
+            return pos
+        if pos < self._norm_ends[k]:
+            return self._orig_starts[k]  # inside a folded character: from its start
+        return self._orig_ends[k] + pos - self._norm_ends[k]
+
+    def end(self, pos: int) -> int:
+        """Original byte offset of view offset `pos` taken as a span's (exclusive) end."""
+        k = bisect.bisect_left(self._norm_starts, pos) - 1
+        if k < 0:
+            return pos
+        if pos <= self._norm_ends[k]:
+            return self._orig_ends[k]  # inside or at the end of a folded character: to its end
+        return self._orig_ends[k] + pos - self._norm_ends[k]
+
+
+def normalize(text: str) -> str:
+    """The view detection runs on (for tests and rule authoring)."""
+    return DEFAULT_REDACTOR._view(text)[0].norm.decode("utf-8")
+
+
+# -- matching ---------------------------------------------------------------------------
 
 # A match longer than this is replaced whole, without locating its secret part:
 # capture extraction on a long span would run RE2's slower NFA over it.
@@ -398,6 +266,22 @@ SMALL_MATCH = 4096
 # (quadratic); a short one adds at most its own length to the scan.
 SHORT_SECRET = 32
 
+# A long secret can hide the start of another match that runs past its end (a
+# header value up to where a PEM block begins). The last this many bytes of a long
+# secret are searched again for such a match: bounded extra work per match.
+CROSS_WINDOW = 256
+
+# Matches handled one by one: a base, plus one per this many bytes of text. Past it
+# the text is match-dense far beyond any honest message, and the rest of it, from
+# the next match, becomes one marker (bounded work per byte, nothing leaks).
+MATCH_BUDGET_BASE = 64
+MATCH_BUDGET_BYTES = 1024
+
+# Passes after the first, for a text whose markers complete a match around them.
+SETTLE_ROUNDS = 2
+
+_MARKER = re.compile(rb"(?:\[REDACTED:[a-z0-9\-]+\][ \t]*)+")
+
 
 def _options() -> re2.Options:
     options = re2.Options()
@@ -410,6 +294,7 @@ def _options() -> re2.Options:
 _UNANCHORED = re2._re2.RE2.Anchor.UNANCHORED
 _ANCHOR_START = re2._re2.RE2.Anchor.ANCHOR_START
 Spans = list[tuple[int, int]]
+_SECRET_GROUP = re.compile(r"\(\?P<(secret\w*)>")
 
 
 def _compile(pattern: str) -> Any:
@@ -420,16 +305,16 @@ def _compile(pattern: str) -> Any:
 def _alternation(rules: tuple[Rule, ...], *, capture: bool) -> Any:
     """All rules as one leftmost-first alternation.
 
-    With `capture`, group r<i> is rule i and v<i> its secret part; without, the
-    pattern has no groups at all, so RE2 finds spans with its DFAs alone.
+    With `capture`, group r<i> is rule i and v<i>_<name> its secret parts; without,
+    the pattern has no groups at all, so RE2 finds spans with its DFAs alone.
     """
     parts = []
     for i, rule in enumerate(rules):
         if capture:
-            pattern = rule.pattern.replace("(?P<secret>", f"(?P<v{i}>")
+            pattern = _SECRET_GROUP.sub(f"(?P<v{i}_\\1>", _widen(rule.pattern))
             parts.append(f"(?P<r{i}>{pattern})")
         else:
-            parts.append("(?:" + rule.pattern.replace("(?P<secret>", "(?:") + ")")
+            parts.append("(?:" + _SECRET_GROUP.sub("(?:", _widen(rule.pattern)) + ")")
     return _compile("|".join(parts))
 
 
@@ -449,14 +334,18 @@ class _Plan:
             (k.decode() if isinstance(k, bytes) else k): v
             for k, v in self.groups.NamedCapturingGroups()
         }
-        # per rule, in order: (group of its whole match, group of its secret or None)
-        self.rule_groups = tuple((names[f"r{i}"], names.get(f"v{i}")) for i in range(len(rules)))
+        # per rule, in order: (group of its whole match, groups of its secret parts)
+        self.rule_groups = tuple(
+            (names[f"r{i}"], tuple(v for k, v in sorted(names.items()) if k.startswith(f"v{i}_")))
+            for i in range(len(rules))
+        )
         self.singles = tuple(_alternation((rule,), capture=False) for rule in rules)
 
     def finditer(self, data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
         """(rule position, match start, match end, secret start, secret end) per match.
 
-        Matches come in order of their start; they may overlap (SHORT_SECRET).
+        Matches come in order of their start; they may overlap (SHORT_SECRET,
+        CROSS_WINDOW).
         """
         done, size = 0, len(data)
         while done < size:
@@ -465,18 +354,44 @@ class _Plan:
                 return
             rule, secret_start, secret_end = self._locate(data, start, end)
             yield rule, start, end, secret_start, secret_end
-            rescan = start < secret_start and secret_end - secret_start <= SHORT_SECRET
-            done = secret_start if rescan else end
+            if start < secret_start and secret_end - secret_start <= SHORT_SECRET:
+                done = secret_start
+                continue
+            done = max(end, done + 1)
+            if secret_end - secret_start > SHORT_SECRET:
+                crossing = self._crossing(data, secret_start, secret_end)
+                if crossing is not None:
+                    yield crossing
+                    done = max(done, crossing[2])
+
+    def _crossing(self, data: bytes, start: int, end: int) -> tuple[int, int, int, int, int] | None:
+        """A match that starts in the last CROSS_WINDOW bytes of the secret data[start:end]
+        and runs past it, if any: a header value that ends where a PEM block begins, a
+        YAML block whose last line starts a session-id reply. Bounded work per secret."""
+        pos = max(start + 1, end - CROSS_WINDOW)
+        limit = min(len(data), end + CROSS_WINDOW)
+        while pos < end:
+            m_start, m_end = self.spans.Match(_UNANCHORED, data, pos, limit)[0]
+            if m_start < 0 or m_start >= end:
+                return None
+            if m_end > end:  # past the secret (perhaps cut by the window): read it in full
+                full_end = self.spans.Match(_ANCHOR_START, data, m_start, len(data))[0][1]
+                if full_end > end:
+                    rule, s_start, s_end = self._locate(data, m_start, full_end)
+                    return rule, m_start, full_end, s_start, s_end
+            pos = max(m_end, m_start + 1)
+        return None
 
     def _locate(self, data: bytes, start: int, end: int) -> tuple[int, int, int]:
         """(rule position, secret start, secret end) of the match data[start:end]."""
         if end - start <= SMALL_MATCH:
             spans: Spans = self.groups.Match(_ANCHOR_START, data, start, end)
             if spans[0] == (start, end):
-                for i, (whole, secret) in enumerate(self.rule_groups):
+                for i, (whole, secrets) in enumerate(self.rule_groups):
                     if spans[whole][0] >= 0:
-                        if secret is not None and spans[secret][0] >= 0:
-                            return i, *spans[secret]
+                        for group in secrets:
+                            if spans[group][0] >= 0:
+                                return i, *spans[group]
                         return i, start, end
         # A long span is replaced whole; the first rule matching here is the alternation's choice.
         for i, single in enumerate(self.singles):
@@ -485,15 +400,32 @@ class _Plan:
         return 0, start, end  # unreachable: some rule matched here
 
 
+def _keyword_set(keywords: tuple[str, ...], extra: tuple[str, ...] = ()) -> Any:
+    """The keywords (case-insensitive), then `extra` entries, as one RE2 set."""
+    found = re2.Set.SearchSet(_options())
+    for keyword in keywords:
+        found.Add("(?i)" + re2.escape(keyword))
+    for entry in extra:
+        found.Add(entry)
+    found.Compile()
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def _first_scan(keywords: tuple[str, ...]) -> Any:
+    """Keywords and changed characters in one set, for the first scan of non-ASCII
+    text (built on first use: ASCII-only processes never pay for it)."""
+    return _keyword_set(keywords, _CHANGE_ENTRIES)
+
+
 class Redactor:
     """Applies a rule table to text. Stateless after construction; safe to share.
 
-    Every step is a linear RE2 scan. An RE2 set of every rule's keywords tells,
-    in one pass, which rules can possibly match; ordinary chat usually wakes
-    none and stops there. Then one alternation of just those rules, without
-    capture groups, finds the matches with RE2's DFAs; each short match is
-    re-read with groups to name its rule and find its secret part. Matching runs
-    on the UTF-8 bytes, so no character offsets are converted.
+    Every step is a linear scan. An RE2 set of every rule's keywords tells, in one
+    pass over the normalized view, which rules can possibly match; ordinary chat
+    usually wakes none and stops there. Then one alternation of just those rules,
+    without capture groups, finds the matches with RE2's DFAs; each short match is
+    re-read with groups to name its rule and find its secret part.
     """
 
     def __init__(self, rules: tuple[Rule, ...] = RULES) -> None:
@@ -502,10 +434,8 @@ class Redactor:
             raise ValueError("rule ids must be unique")
         self.rules = rules
         keywords = sorted({kw for rule in rules for kw in rule.keywords})
-        self._keyword_set = re2.Set.SearchSet(_options())
-        for keyword in keywords:
-            self._keyword_set.Add("(?i)" + re2.escape(keyword))
-        self._keyword_set.Compile()
+        self._keywords = tuple(keywords)
+        self._keyword_set = _keyword_set(self._keywords)
         # keyword index -> the rules it wakes; rules without keywords always run
         self._woken_by = [
             frozenset(i for i, rule in enumerate(rules) if kw in rule.keywords) for kw in keywords
@@ -516,48 +446,103 @@ class Redactor:
     def _build_plan(self, active: tuple[int, ...]) -> _Plan:
         return _Plan(tuple(self.rules[i] for i in active))
 
-    def candidates(self, text: str) -> tuple[int, ...]:
-        """Indexes of the rules whose keywords occur in `text` (the pre-filter)."""
-        hits = self._keyword_set.Match(text) or ()
+    def candidates(self, text: str | bytes) -> tuple[int, ...]:
+        """Indexes of the rules whose keywords occur in `text` (the pre-filter).
+
+        `text` is the normalized view (keywords are ASCII)."""
+        return self._woken(self._keyword_set.Match(text) or ())
+
+    def _view(self, text: str) -> tuple[_View, tuple[int, ...]]:
+        """(the normalized view of `text`, the rules its keywords wake).
+
+        One RE2 set scan over the original finds both the keywords and the changed
+        characters; only a text with changes is scanned again, as its view."""
+        data = text.encode("utf-8")
+        if text.isascii():
+            return _View(data), self.candidates(data)
+        hits = _first_scan(self._keywords).Match(data) or ()
+        count = len(self._keywords)
+        present = tuple(sorted(_SEQUENCES[h - count] for h in hits if h >= count))
+        if not present:
+            return _View(data), self._woken(h for h in hits if h < count)
+        view = _View(data, present, text)
+        return view, self.candidates(view.norm)
+
+    def _woken(self, hits: Iterable[int]) -> tuple[int, ...]:
         return tuple(sorted(self._always.union(*(self._woken_by[h] for h in hits))))
 
-    def redact(self, text: str) -> tuple[str, int]:
-        """(text with every secret replaced, number of replacements)."""
-        active = self.candidates(text)
+    def _spans(self, text: str) -> tuple[_Plan | None, bytes, list[tuple[int, int, int]]]:
+        """(plan, original bytes, [(rule, start, end)]) of the secrets to replace, in
+        original byte offsets, merged where they overlap; a rule of -1 is the dense tail."""
+        view, active = self._view(text)
         if not active:
-            return text, 0
+            return None, b"", []
         plan = self._plan(active)
-        data = text.encode("utf-8")
-        pieces: list[bytes] = []
+        norm, data, mapped = view.norm, view.data, view.mapped
+        budget = MATCH_BUDGET_BASE + len(data) // MATCH_BUDGET_BYTES
+        out: list[tuple[int, int, int]] = []
         done = 0
-        for rule, _, _, secret_start, secret_end in plan.finditer(data):
-            if secret_start < done:
+        for rule, _, _, v_start, v_end in plan.finditer(norm):
+            if mapped:
+                view.build_map()
+                s_start, s_end = view.start(v_start), view.end(v_end)
+            else:
+                s_start, s_end = v_start, v_end
+            if s_start < done:
                 # overlaps the secret just replaced: that one marker now covers both
                 # (one marker, so redacting the output again changes nothing)
-                done = max(done, secret_end)
+                if s_end > done:
+                    last_rule, last_start, _ = out[-1]
+                    out[-1] = (last_rule, last_start, s_end)
+                    done = s_end
                 continue
-            # what precedes the secret (a parameter name, a URL's host) stays readable
-            pieces += (data[done:secret_start], plan.markers[rule])
-            done = secret_end
-        if not pieces:
+            if data.startswith(b"[REDACTED:", s_start) and _MARKER.fullmatch(data, s_start, s_end):
+                continue  # already a marker: nothing to do, and the output stays a fixed point
+            if len(out) >= budget:
+                out.append((rule, s_start, len(data)))  # the dense tail, as one marker
+                break
+            out.append((rule, s_start, s_end))
+            done = s_end
+        return plan, data, out
+
+    def redact(self, text: str) -> tuple[str, int]:
+        """(text with every secret replaced, number of replacements).
+
+        The result is a fixed point of redaction. A replacement can complete a
+        match around it (`SecureSessionID: <uuid>ghp_...`: the UUID ends at a word
+        boundary only once the token glued to it is a marker), so a text that had
+        matches is redacted again, up to SETTLE_ROUNDS times, until nothing changes.
+        """
+        out, count = self._redact_once(text)
+        for _ in range(SETTLE_ROUNDS if count else 0):
+            again, more = self._redact_once(out)
+            if not more:
+                break
+            out, count = again, count + more
+        return out, count
+
+    def _redact_once(self, text: str) -> tuple[str, int]:
+        plan, data, spans = self._spans(text)
+        if not spans or plan is None:
             return text, 0
+        pieces: list[bytes] = []
+        done = 0
+        for rule, start, end in spans:
+            # what precedes the secret (a parameter name, a URL's host) stays readable
+            pieces += (data[done:start], plan.markers[rule])
+            done = end
         pieces.append(data[done:])
-        return b"".join(pieces).decode("utf-8"), len(pieces) // 2
+        return b"".join(pieces).decode("utf-8"), len(spans)
 
     def secrets(self, text: str) -> list[tuple[str, str]]:
         """(rule id, secret) for every match: what redact() would remove.
 
         For tests and rule authoring only: the result is the secrets themselves.
         """
-        active = self.candidates(text)
-        if not active:
+        plan, data, spans = self._spans(text)
+        if plan is None:
             return []
-        plan = self._plan(active)
-        data = text.encode("utf-8")
-        return [
-            (plan.rule_ids[rule], data[s_start:s_end].decode("utf-8"))
-            for rule, _, _, s_start, s_end in plan.finditer(data)
-        ]
+        return [(plan.rule_ids[rule], data[s:e].decode("utf-8")) for rule, s, e in spans]
 
 
 DEFAULT_REDACTOR = Redactor()
