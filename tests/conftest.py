@@ -20,7 +20,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis as redis_py
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 
 from worker import ConversationConfig, ConversationStore, ManualClock
 from worker.embedded import EmbeddedValkey
@@ -55,12 +55,7 @@ settings.register_profile(
     **_COMMON,
 )
 settings.register_profile("dev", max_examples=CI_EXAMPLES, **_COMMON)
-settings.register_profile(
-    "explore",
-    max_examples=20 * CI_EXAMPLES,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-    **_COMMON,
-)
+settings.register_profile("explore", max_examples=20 * CI_EXAMPLES, **_COMMON)
 
 
 def hypothesis_profile() -> str:
