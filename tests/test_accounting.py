@@ -41,7 +41,7 @@ from worker.keys import KeySpace
 # One shard's bounds: small enough that compaction, trimming and eviction happen all
 # the time; the byte share holds one session and its archive (config.shard_limits).
 PER_SHARD = {"sessions": 5, "bytes": 2_800}
-WHO = st.integers(0, 23)  # an index into the run's avatars (3, 6 or 8 of them)
+WHO = st.integers(0, 23)  # an index into the run's avatars (4, 6 or 8 of them)
 SESSION = dict(
     max_turns_per_session=4,
     max_tool_results_per_session=2,
@@ -88,7 +88,7 @@ class StoreMachine(RuleBasedStateMachine):
     archive = False  # set by the test: run with the archive on
     shards = 1  # set by the test, with the limits and avatars that go with it
     limits = LIMITS
-    avatars: ClassVar[list[str]] = [avatar(n) for n in range(3)]
+    avatars: ClassVar[list[str]] = [avatar(n) for n in range(4)]
     seen: ClassVar[Counter[str]] = Counter()  # reasons over the whole run: proof the paths ran
 
     @initialize()
@@ -165,16 +165,18 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def accounting_is_exact(self) -> None:
         share = shard_limits(self.limits, self.shards, archive=self.archive)
-        held = {"sessions": 0, "bytes": 0}
+        held = {"sessions": 0, "bytes": 0, "events": 0}
         for shard in range(self.shards):
             state = recompute(self.client, shard=shard)
             self.check_shard(state, share)
             held["sessions"] += len(state["sessions"])
             held["bytes"] += state["stats_bytes"]
+            held["events"] += state["events"]
         # what every shard holds together, archives included, stays within the
         # global bounds (issue 12 item 5)
         assert held["sessions"] <= self.limits.max_active_sessions
         assert held["bytes"] <= self.limits.max_aggregate_bytes
+        assert held["events"] <= self.limits.max_events
 
     def check_shard(self, state: dict[str, Any], share: ShardLimits) -> None:
         """One shard: its byte total exact, every session and the shard within bounds."""
@@ -203,7 +205,7 @@ class StoreMachine(RuleBasedStateMachine):
                 self.seen["archived_records"] += s["archive_count"]
         else:
             assert all(s["archive_count"] == 0 for s in sessions.values())
-        assert state["events"] <= limits.max_events
+        assert state["events"] <= share.max_events
 
 
 EXERCISED = {
@@ -217,7 +219,7 @@ def _run(client: Any, examples: int, archive: bool = False, shards: int = 1) -> 
     StoreMachine.archive = archive
     StoreMachine.shards = shards
     if shards == 1:
-        StoreMachine.limits, StoreMachine.avatars = LIMITS, [avatar(n) for n in range(3)]
+        StoreMachine.limits, StoreMachine.avatars = LIMITS, [avatar(n) for n in range(4)]
     else:
         StoreMachine.limits, StoreMachine.avatars = sharded(shards)
     StoreMachine.seen = Counter()

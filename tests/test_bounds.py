@@ -399,3 +399,24 @@ def test_sharded_store_with_the_archive_never_holds_more_than_the_global_bounds(
     assert len(archived) == shards  # archives held records, in every shard
     reasons = {e.reason for e in store.events(count=10_000)}
     assert ReasonCode.EVICTED_AGGREGATE_BYTES in reasons
+
+
+@pytest.mark.parametrize("shards", [1, 3, 4, 16])
+def test_event_streams_of_every_shard_hold_at_most_max_events(
+    redis: Any, clock: ManualClock, shards: int
+) -> None:
+    """Regression (issue 12 item 5, attack pass): each shard's stream was trimmed to
+    max_events, so N shards held N x max_events events. Together they hold at most
+    max_events, each exactly its share once full."""
+    max_events = 40
+    config = ConversationConfig(shards=shards, limits=Limits(max_events=max_events))
+    store = ConversationStore(redis, config, clock=clock)
+    # Given far more events than max_events in every shard (record, then delete)
+    for n in range(40 * shards + 40):
+        store.record(avatar(n), "im", AvatarMessage(text="x"))
+        store.delete(avatar(n), "im")
+    # Then the streams together hold at most max_events, each its share, the newest
+    streams = [redis.xlen(s.events) for s in KeySpace("gm", shards).all_shards()]
+    assert streams == [max_events // shards] * shards
+    assert sum(streams) <= max_events
+    assert len(store.events(count=1000)) == sum(streams)

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from worker import ConfigError, ConversationConfig, Limits, Settings
-from worker.config import LIMIT_TABLE
+from worker.config import LIMIT_TABLE, shard_limits
 from worker.scripts import LIMIT_FIELDS, limits_packet
 
 DESIGN_CEILINGS = {
@@ -216,3 +216,26 @@ def test_with_the_archive_each_share_holds_a_session_and_its_archive(
     fields = dict(zip(LIMIT_FIELDS, limits_packet(edge, shards, True).split(","), strict=True))
     assert int(fields["max_aggregate_bytes"]) == footprint
     assert int(fields["archive"]) == 1
+
+
+@pytest.mark.parametrize("shards", [1, 3, 4, 16])
+def test_max_events_is_split_over_the_shards_event_streams(shards: int, tmp_path: Path) -> None:
+    """Regression (issue 12 item 5, attack pass): every shard's event stream was trimmed
+    to max_events, so N shards held N x max_events events. Each gets its share."""
+    for max_events in (shards, shards + 1, 7 * shards + shards - 1, 10_000):
+        share = shard_limits(Limits(max_events=max_events), shards).max_events
+        assert max_events - shards < shards * share <= max_events and share >= 1
+    if shards == 1:
+        return
+    message = (
+        rf"max_events = {shards - 1} cannot be split over shards = {shards}: each shard's "
+        rf"event stream needs at least one event \(max_events must be at least shards\)"
+    )
+    with pytest.raises(ValidationError, match=message):
+        ConversationConfig(shards=shards, limits=Limits(max_events=shards - 1))
+    path = tmp_path / "gridmem.toml"
+    path.write_text(
+        f"[conversation]\nshards = {shards}\n[conversation.limits]\nmax_events = {shards - 1}\n"
+    )
+    with pytest.raises(ConfigError, match=rf"conversation: .*{message}"):
+        Settings.load(path)

@@ -460,12 +460,15 @@ def _sharded_store(server: EmbeddedValkey, shards: int, max_events: int) -> Conv
 
 
 @pytest.mark.parametrize("shards", [1, 3])
-def test_six_deletes_with_max_events_5_leave_exactly_5_events_in_every_shard(
+def test_six_deletes_leave_exactly_each_shards_share_of_max_events_in_every_shard(
     server: EmbeddedValkey, client_binary: str, shards: int
 ) -> None:
-    """Regression: delete/expire trimmed the stream to a hard-coded 10,000, not max_events."""
-    # Given a store with max_events = 5 and sessions in every shard (no --shards, no --namespace)
-    store = _sharded_store(server, shards, max_events=5)
+    """Regression: delete/expire trimmed the stream to a hard-coded 10,000, not max_events.
+    Each shard's stream holds its share, max_events // shards (here 5), as the store
+    trims it, so all shards together hold at most max_events."""
+    # Given a store whose shards get 5 events each (max_events = 5 x shards + 1: the
+    # remainder is dropped) and sessions in every shard (no --shards, no --namespace)
+    store = _sharded_store(server, shards, max_events=5 * shards + shards - 1)
     prefixes = _published_prefixes(server, "gm")
     by_shard = _avatars_by_shard(server, prefixes)
     assert sorted(by_shard) == list(range(shards)) and min(map(len, by_shard.values())) >= 6
@@ -475,7 +478,7 @@ def test_six_deletes_with_max_events_5_leave_exactly_5_events_in_every_shard(
             done = gm(server, client_binary, "delete" if i % 2 else "expire", who, "im")
             assert done.returncode == 0 and "session of" in done.stdout, done.stderr
             assert store.context(who, "im") == []
-    # Then every shard's stream holds exactly max_events events, the newest
+    # Then every shard's stream holds exactly its share, the newest
     client = server.client()
     for shard, prefix in enumerate(prefixes):
         who_all = by_shard[shard]

@@ -67,7 +67,8 @@ def test_first_write_publishes_layout_and_limits(make_store: Any, redis: Any, sh
 
 def test_published_events_maxlen_is_the_bound_the_streams_keep(make_store: Any, redis: Any) -> None:
     """The CLI trims with events_maxlen: it must be what the store's own deletes trim to."""
-    store = make_store(ConversationConfig(namespace="pub", shards=3, limits=Limits(max_events=4)))
+    # max_events = 14 over 3 shards: each stream keeps its share, 4 (the remainder is dropped)
+    store = make_store(ConversationConfig(namespace="pub", shards=3, limits=Limits(max_events=14)))
     people = [avatar(n) for n in range(40)]
     for who in people:
         store.record(who, "im", AvatarMessage(text="hi"))

@@ -132,10 +132,11 @@ class Limits(BaseModel):
 
 
 class ShardLimits(NamedTuple):
-    """What each shard may hold: its share of the global session and byte bounds."""
+    """What each shard may hold: its share of the global session, byte and event bounds."""
 
     max_sessions: int
     max_aggregate_bytes: int
+    max_events: int  # its event stream's MAXLEN
 
 
 def shard_limits(limits: Limits, shards: int, archive: bool = False) -> ShardLimits:
@@ -149,10 +150,12 @@ def shard_limits(limits: Limits, shards: int, archive: bool = False) -> ShardLim
     With the archive on, a session's archived records count in its shard's byte
     total too (up to max_archive_bytes more), so a share must hold a session and
     its archive: a smaller one let each shard's one session pass its share, and
-    the shards together the global bound.
+    the shards together the global bound. Each shard has its own event stream, so
+    max_events is split too: a stream each of max_events held shards x max_events.
     """
     sessions = limits.max_active_sessions // shards
     aggregate = limits.max_aggregate_bytes // shards
+    events = limits.max_events // shards
     if sessions < 1:
         raise ValueError(
             f"max_active_sessions = {limits.max_active_sessions} cannot be split over "
@@ -175,7 +178,13 @@ def shard_limits(limits: Limits, shards: int, archive: bool = False) -> ShardLim
             f"= {footprint}); max_aggregate_bytes must be at least shards x (max_session_bytes "
             f"+ max_archive_bytes) = {shards * footprint}, or lower max_archive_bytes"
         )
-    return ShardLimits(sessions, aggregate)
+    if events < 1:
+        raise ValueError(
+            f"max_events = {limits.max_events} cannot be split over shards = {shards}: "
+            f"each shard's event stream needs at least one event (max_events must be at "
+            f"least shards)"
+        )
+    return ShardLimits(sessions, aggregate, events)
 
 
 class ConversationConfig(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from worker.clock import Clock
 from worker.codec import decode_entries, record_to_entry
-from worker.config import ConversationConfig
+from worker.config import ConversationConfig, shard_limits
 from worker.context import context_messages, turn_view
 from worker.errors import InvalidInput
 from worker.keys import KeySpace, ShardKeys
@@ -98,6 +98,10 @@ class Operations:
         self._session_ids = session_ids
         self.prepare = Preparer(config.limits, redactor)
         self._limits_packet = limits_packet(config.limits, config.shards, config.archive_enabled)
+        # each shard's event stream MAXLEN: its share of max_events (config.shard_limits)
+        self._events_maxlen = shard_limits(
+            config.limits, config.shards, archive=config.archive_enabled
+        ).max_events
         # Layout and limits are published before this store's first write, then again
         # every REPUBLISH_MS it writes (publish_limits): monotonic ms of the last time.
         self._published_at: int | None = None
@@ -139,7 +143,7 @@ class Operations:
             idempotency_key=idem,
             redactions=prepared.redactions,
             truncated=prepared.truncated,
-            max_events=self.config.limits.max_events,
+            max_events=self._events_maxlen,
             limits=self._limits_packet,
         )
         return _receipt(reply), reply.duplicate
@@ -228,7 +232,7 @@ class Operations:
             shard,
             now_wall=self._now().wall,
             reason=reason.value,
-            max_events=self.config.limits.max_events,
+            max_events=self._events_maxlen,
         )
         return removed
 
@@ -239,7 +243,7 @@ class Operations:
             while total < budget:
                 batch = min(SWEEP_BATCH, budget - total)
                 expired: int = yield self.scripts.sweep_idle(
-                    shard, self._now(), batch=batch, max_events=self.config.limits.max_events
+                    shard, self._now(), batch=batch, max_events=self._events_maxlen
                 )
                 total += expired
                 if expired < batch:
@@ -314,7 +318,7 @@ class Operations:
             "shard": shard.shard,
             "shards": self.keys.shards,
             # the MAXLEN every event-writing call of this store passes for this shard
-            "events_maxlen": self.config.limits.max_events,
+            "events_maxlen": self._events_maxlen,
             "page_limit_max": PAGE_LIMIT_MAX,
             "metadata_limit_max": METADATA_LIMIT_MAX,
             "events_count_max": EVENTS_COUNT_MAX,
@@ -350,7 +354,7 @@ class Operations:
             active_ms=session.last_active_at_ms,
             age_ms=age_ms,
             summary=session.summary,
-            max_events=self.config.limits.max_events,
+            max_events=self._events_maxlen,
             limits=self._limits_packet,
             receipts=session.receipts,
             entries=entries(session.records),
@@ -373,7 +377,7 @@ class Operations:
             shard,
             now_wall=self._now().wall,
             reason=reason.value,
-            max_events=self.config.limits.max_events,
+            max_events=self._events_maxlen,
             session_id=session_id,
             member=member,
             detail=detail,
