@@ -266,9 +266,10 @@ SMALL_MATCH = 4096
 # (quadratic); a short one adds at most its own length to the scan.
 SHORT_SECRET = 32
 
-# A long secret can hide the start of another match that runs past its end (a
-# header value up to where a PEM block begins). The last this many bytes of a long
-# secret are searched again for such a match: bounded extra work per match.
+# A secret can hide the start of another match that runs past its end (a header
+# value up to where a PEM block begins, a token glued to the next one). The last
+# this many bytes of a secret are searched again for such a match: bounded extra
+# work per match.
 CROSS_WINDOW = 256
 
 # Matches handled one by one: a base, plus one per this many bytes of text. Past it
@@ -348,21 +349,24 @@ class _Plan:
         CROSS_WINDOW).
         """
         done, size = 0, len(data)
+        pending: tuple[int, int, int, int, int] | None = None
         while done < size:
-            start, end = self.spans.Match(_UNANCHORED, data, done, size)[0]
-            if start < 0:
-                return
-            rule, secret_start, secret_end = self._locate(data, start, end)
+            if pending is None:
+                start, end = self.spans.Match(_UNANCHORED, data, done, size)[0]
+                if start < 0:
+                    return
+                rule, secret_start, secret_end = self._locate(data, start, end)
+            else:
+                rule, start, end, secret_start, secret_end = pending
+                pending = None
             yield rule, start, end, secret_start, secret_end
             if start < secret_start and secret_end - secret_start <= SHORT_SECRET:
                 done = secret_start
                 continue
             done = max(end, done + 1)
-            if secret_end - secret_start > SHORT_SECRET:
-                crossing = self._crossing(data, secret_start, secret_end)
-                if crossing is not None:
-                    yield crossing
-                    done = max(done, crossing[2])
+            # a match starting inside this secret and running past it (treated as the
+            # next match, so a short secret in it is rescanned too)
+            pending = self._crossing(data, secret_start, secret_end)
 
     def _crossing(self, data: bytes, start: int, end: int) -> tuple[int, int, int, int, int] | None:
         """A match that starts in the last CROSS_WINDOW bytes of the secret data[start:end]
@@ -370,7 +374,9 @@ class _Plan:
         YAML block whose last line starts a session-id reply. Bounded work per secret."""
         pos = max(start + 1, end - CROSS_WINDOW)
         limit = min(len(data), end + CROSS_WINDOW)
-        while pos < end:
+        for _ in range(16):  # a few nested matches ending with the secret (PEM dashes)
+            if pos >= end:
+                return None
             m_start, m_end = self.spans.Match(_UNANCHORED, data, pos, limit)[0]
             if m_start < 0 or m_start >= end:
                 return None
@@ -379,7 +385,7 @@ class _Plan:
                 if full_end > end:
                     rule, s_start, s_end = self._locate(data, m_start, full_end)
                     return rule, m_start, full_end, s_start, s_end
-            pos = max(m_end, m_start + 1)
+            pos = m_start + 1 if m_end >= end else max(m_end, m_start + 1)
         return None
 
     def _locate(self, data: bytes, start: int, end: int) -> tuple[int, int, int]:
