@@ -129,7 +129,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
         SECRET,
     ),
     "PGP": (f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n{SECRET}\n-----END PGP", SECRET),
-    "cookie pair list": (f"Cookie: a=1; session_token={SECRET}; b=2", SECRET),
+    "cookie pair list": (f"Cookie: a=1; sid={SECRET}; csrftoken=x{SECRET[::-1]}", SECRET[::-1]),
 }
 
 
@@ -417,7 +417,16 @@ def test_a_suffixed_name_keeps_a_plain_value(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "tool", ["password", "DB_PASSWORD", "clientSecret", "get_secret_access_key", "SessionToken"]
+    "tool",
+    [
+        "password",
+        "DB_PASSWORD",
+        "clientSecret",
+        "get_secret_access_key",
+        "SessionToken",
+        "fetch:SessionToken",
+        "vault.read_password",
+    ],
 )
 def test_a_tool_named_like_a_secret_loses_its_bare_value(
     tool: str, store: object, redis: object

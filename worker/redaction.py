@@ -92,6 +92,7 @@ UNICODE_SPACES = _re2_class(
 )
 
 
+@functools.cache
 def _widen(pattern: str) -> str:
     """`pattern` with every space class also taking Unicode spaces."""
     out: list[str] = []
@@ -447,7 +448,8 @@ class Redactor:
             frozenset(i for i, rule in enumerate(rules) if kw in rule.keywords) for kw in keywords
         ]
         self._always = frozenset(i for i, rule in enumerate(rules) if not rule.keywords)
-        self._plan = functools.lru_cache(maxsize=256)(self._build_plan)
+        # one compile per set of woken rules; real traffic wakes a few hundred sets
+        self._plan = functools.lru_cache(maxsize=1024)(self._build_plan)
 
     def _build_plan(self, active: tuple[int, ...]) -> _Plan:
         return _Plan(tuple(self.rules[i] for i in active))
@@ -548,7 +550,8 @@ class Redactor:
         so a secret-looking value goes (and a plain sentence stays). Text redaction
         alone must still change nothing in the result (it is a fixed point).
         """
-        if _SECRET_NAME.fullmatch(normalize(name)) is None:
+        leaf = re.split(r"[:/]", normalize(name))[-1]  # `fetch:SessionToken`, `vault/password`
+        if _SECRET_NAME.fullmatch(leaf) is None:
             return self.redact(value)
         prefix = "password: "  # a name the table always reads as secret; `name` may not be
         out, count = self.redact(prefix + value)
