@@ -237,10 +237,12 @@ def test_emoji_and_non_latin_text_skip_the_view() -> None:
     for text in (
         "👨\u200d👩\u200d👧 and 🏳\ufe0f\u200d🌈",
         "砂場はどこですか\uff1f\u3000パスワードは教えません。",
-        "Il a dit\u00a0: «\u00a0bonjour\u00a0»",
     ):
         assert normalize(text) == text
         assert redact(text) == (text, 0)
+    french = "Il a dit\u00a0: «\u00a0bonjour\u00a0»"  # NBSP next to ASCII: a space in the view
+    assert normalize(french) == "Il a dit : « bonjour »"
+    assert redact(french) == (french, 0)
 
 
 def test_the_view_folds_and_drops() -> None:

@@ -8,8 +8,8 @@ The rules live in worker/redaction_rules.py. This module owns how they run:
 
 - Detection runs on a *normalized view* of the text: invisible format characters
   are dropped (a zero-width space inside a token), full-width and other
-  compatibility forms are folded to ASCII (NFKC, per character), and every space
-  class of a rule also takes Unicode spaces. A map from the view back to the
+  compatibility forms are folded to ASCII (NFKC, per character), and Unicode
+  spaces become ' '. A map from the view back to the
   original turns each match into a span of the ORIGINAL text, and that span is
   replaced: nothing of a secret survives, its invisible characters included.
   ASCII text skips the view; other text pays one RE2 scan, and the map is built
@@ -58,7 +58,8 @@ def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
                 table[cp] = None
                 fmt.append(cp)
             elif category in ("Zs", "Zl", "Zp"):
-                continue  # Unicode spaces: the patterns take them as spaces (_widen)
+                table[cp] = " "  # NBSP, U+2000-200A, U+3000...: a space to every rule
+                fold.append(cp)
             else:
                 folded = unicodedata.normalize("NFKC", ch)
                 if folded != ch and folded.isascii() and folded.isprintable():
@@ -84,44 +85,6 @@ def _re2_class(points: list[int]) -> str:
 
 
 _TABLE, _FMT_POINTS, _FOLD_POINTS = _tables()
-# Unicode spaces (NBSP, U+2000-200A, U+202F, U+3000, ...): every `[ \t]`, `\s` and
-# literal space of a rule also takes them, so `password:\u00a0x` is an assignment
-# and a value ends at an NBSP, with no view work for French or CJK typography.
-UNICODE_SPACES = _re2_class(
-    [cp for cp in range(0x80, 0x3001) if unicodedata.category(chr(cp)) in ("Zs", "Zl", "Zp")]
-)
-
-
-@functools.cache
-def _widen(pattern: str) -> str:
-    """`pattern` with every space class also taking Unicode spaces."""
-    out: list[str] = []
-    in_class = False
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            pair = pattern[i : i + 2]
-            if pair == "\\s":
-                out.append(f"\\s{UNICODE_SPACES}" if in_class else f"[\\s{UNICODE_SPACES}]")
-            else:
-                out.append(pair)
-            i += 2
-            continue
-        if ch == "[" and not in_class:
-            in_class = True
-            out.append("[^" if pattern.startswith("[^", i) else "[")
-            i += 2 if pattern.startswith("[^", i) else 1
-            continue
-        if ch == "]" and in_class:
-            in_class = False
-        elif ch == " ":
-            out.append(f" {UNICODE_SPACES}" if in_class else f"[ {UNICODE_SPACES}]")
-            i += 1
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 # Characters the view changes, as UTF-8: what each becomes, and its byte length.
@@ -139,17 +102,18 @@ CHANGE_BUDGET_BYTES = 32
 def _change_entries() -> tuple[str, ...]:
     """RE2 set entries, one per changed character, that match where the view changes
     the text in a way a rule could see. A foldable letter or digit matches anywhere
-    (a full-width token among CJK text); a format character or foldable punctuation
-    only next to visible ASCII or another changed character. So an emoji's zero-width
+    (a full-width token among CJK text); a format character, a Unicode space or
+    foldable punctuation only next to visible ASCII, a format character or a
+    foldable letter or digit. So an emoji's zero-width
     joiner (between two emoji) and a CJK full-width comma (between two ideographs)
     match none, and honest non-Latin text keeps the one-scan path."""
-    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
+    alnum = [cp for cp in _FOLD_POINTS if str(_TABLE[cp]).isalnum()]
+    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum)) + "]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
         char = re2.escape(sequence.decode("utf-8"))
-        alnum = folded.isalnum()
-        entries.append(char if alnum else f"{near}{char}|{char}{near}")
+        entries.append(char if folded.isalnum() else f"{near}{char}|{char}{near}")
     return tuple(entries)
 
 
@@ -313,10 +277,10 @@ def _alternation(rules: tuple[Rule, ...], *, capture: bool) -> Any:
     parts = []
     for i, rule in enumerate(rules):
         if capture:
-            pattern = _SECRET_GROUP.sub(f"(?P<v{i}_\\1>", _widen(rule.pattern))
+            pattern = _SECRET_GROUP.sub(f"(?P<v{i}_\\1>", rule.pattern)
             parts.append(f"(?P<r{i}>{pattern})")
         else:
-            parts.append("(?:" + _SECRET_GROUP.sub("(?:", _widen(rule.pattern)) + ")")
+            parts.append("(?:" + _SECRET_GROUP.sub("(?:", rule.pattern) + ")")
     return _compile("|".join(parts))
 
 

@@ -2,8 +2,8 @@
 
 Patterns are RE2 syntax and run over the *normalized view* of a text (see
 worker/redaction.py): invisible format characters are gone, compatibility forms
-(full-width letters) are folded to ASCII, and every space class of a pattern
-(`[ \t]`, `\\s`, a literal space) also takes Unicode spaces (NBSP, U+3000...).
+(full-width letters) are folded to ASCII and Unicode spaces (NBSP, U+3000...)
+are plain spaces.
 So a pattern is written for plain ASCII and still catches a full-width `ghp_...` or a
 token with a zero-width space inside.
 
