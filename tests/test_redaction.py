@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import examples
+from tests.conftest import CI_EXAMPLES, examples, hypothesis_profile
 from tests.helpers import avatar, dump_all
 from tests.secret_corpus import (
     ANY_BENIGN,
@@ -154,6 +154,31 @@ NAMED_FAMILIES = {
 def assert_no_survivor(cases: list[Case], out: str, baseline: str = "") -> None:
     found = leaks_all(cases, out, baseline)
     assert not found, f"secrets survived: {found}\nin: {out!r}"
+
+
+def test_hypothesis_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ci replays the same examples with no database; dev and explore draw fresh ones and
+    keep failures; the profile follows HYPOTHESIS_PROFILE, else CI, else dev."""
+    ci, dev, explore = (settings.get_profile(name) for name in ("ci", "dev", "explore"))
+    assert ci.derandomize and ci.database is None and ci.print_blob
+    assert ci.max_examples == dev.max_examples == CI_EXAMPLES < explore.max_examples
+    assert not dev.derandomize and dev.database is not None
+    assert not explore.derandomize and explore.database is not None
+    for env, chosen in [
+        ({"HYPOTHESIS_PROFILE": "explore", "CI": "true"}, "explore"),
+        ({"CI": "true"}, "ci"),
+        ({"CI": "1"}, "ci"),
+        ({}, "dev"),
+    ]:
+        monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+        monkeypatch.delenv("CI", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert hypothesis_profile() == chosen, env
+    # and this run loaded the profile its environment chose
+    monkeypatch.undo()
+    assert settings().derandomize == (hypothesis_profile() == "ci")
+    assert examples(10) == 10 * settings().max_examples // CI_EXAMPLES
 
 
 def test_corpus_covers_every_named_family_and_obfuscation() -> None:
