@@ -379,12 +379,59 @@ def _seconds(text: str) -> float:
 def test_hostile_text_is_linear_and_near_benign(name: str) -> None:
     """Time grows with length, not its square, and stays near benign text.
 
-    The target is 5x benign (bench/redaction.py measures it at 1 MiB); on a shared CI
-    machine the bound here is 25x, which still catches any per-match rescan or
-    quadratic step (those cost 100x and more at this size).
+    The documented figure is 5x benign (bench/redaction.py measures it at 1 MiB,
+    worst 2.9x); the bound here is 15x, a 3x margin for a shared CI machine, which
+    still catches any per-match rescan or quadratic step (those cost 100x and more
+    at this size).
     """
     make = HOSTILE[name]
     benign = _seconds(BENIGN(512 * KiB))
     small, large = _seconds(make(128 * KiB)), _seconds(make(512 * KiB))
-    assert large <= 25 * max(benign, 0.001), (large, benign)
+    assert large <= 15 * max(benign, 0.001), (large, benign)
     assert large <= 12 * max(small, 0.0005), (large, small)  # 4x the input
+
+
+# -- names: any suffix after a secret word, and tools named like a secret ------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        (f"export password_prod={SECRET}%", SECRET),
+        (f"config:\n  ADMIN_PASSWORD_old: {SECRET}+x\n  port: 5432", SECRET),
+        (f"{{'PrivateKey_old': '{SECRET}', 'user': 'bob'}}", SECRET),
+        (f"smtpAuthToken_old={SECRET}.x", SECRET),
+        (f"token_old =\n{SECRET}", SECRET),
+        (f'os.environ["client-secret_old"]="{SECRET}"', SECRET),
+    ],
+)
+def test_a_secret_word_with_any_suffix_names_a_machine_made_value(text: str, secret: str) -> None:
+    assert gone(secret, redact(text)[0])
+
+
+@pytest.mark.parametrize(
+    "text", ['string token_name = "Gold Coin";', "max_tokens = 4096", 'password_hint = "first pet"']
+)
+def test_a_suffixed_name_keeps_a_plain_value(text: str) -> None:
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    "tool", ["password", "DB_PASSWORD", "clientSecret", "get_secret_access_key", "SessionToken"]
+)
+def test_a_tool_named_like_a_secret_loses_its_bare_value(
+    tool: str, store: object, redis: object
+) -> None:
+    """A tool summary that is the bare value of a secret-named tool: nothing of it in
+    Redis (fakeredis and the real servers), and plain words under such a tool stay."""
+    from tests.helpers import avatar, dump_all
+    from worker import ConversationStore, ToolSummary
+
+    assert isinstance(store, ConversationStore)
+    who = avatar(7)
+    receipt = store.record(who, "im", ToolSummary(tool=tool, summary=SECRET))
+    assert receipt.redactions == 1 and SECRET not in dump_all(redis)
+    store.record(who, "im", ToolSummary(tool=tool, summary="not found"))
+    texts = [t.text for t in store.read_page(who, "im").turns]
+    assert texts == ["[REDACTED:secret-assignment]", "not found"]
+    assert DEFAULT_REDACTOR.redact_named("web.fetch", SECRET) == (SECRET, 0)

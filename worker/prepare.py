@@ -124,19 +124,25 @@ class Preparer:
         head: str = AGENT_HEAD,
         *,
         required: bool = True,
+        named: str | None = None,
     ) -> tuple[str, int, bool]:
         """(clean text, redactions, truncated) for one free-text field.
 
         `head` is the summary head the record folds under (the default is an
         agent reply's, as `stored_text()` wants). A `required` field (the record
         model refuses "") that is empty once control characters are gone is
-        refused: stored as "", restore could not accept it.
+        refused: stored as "", restore could not accept it. `named`: the value is
+        a field of that name (a tool's summary): under a secret name (`password`,
+        `DB_PASSWORD`) a bare secret-looking value is a secret too.
         """
         check_size(value, field, self.limits.max_input_bytes)
         clean = _CONTROL.sub("", value)
         if required and not clean:
             raise InvalidRecord(field, "holds nothing but control characters; nothing stored")
-        redacted, count = self.redactor.redact(clean)
+        if named is None:
+            redacted, count = self.redactor.redact(clean)
+        else:
+            redacted, count = self.redactor.redact_named(named, clean)
         bounded, truncated = truncate(redacted, max_bytes)
         # untouched text: redact(bounded) is redact(clean), already computed
         checked = redacted == clean and not truncated
@@ -233,7 +239,9 @@ class Preparer:
             case ToolSummary(tool=tool, summary=summary):
                 tool = self.name(tool, "tool")
                 limit = self.limits.max_tool_result_bytes
-                clean, count, cut = self.text(summary, "summary", limit, tool_head(tool))
+                clean, count, cut = self.text(
+                    summary, "summary", limit, tool_head(tool), named=tool
+                )
                 fields = [tool, clean]
             case ActionResult(action=action, status=status, detail=detail):
                 action = self.name(action, "action")

@@ -38,7 +38,7 @@ from typing import Any
 
 import re2
 
-from worker.redaction_rules import GRID_NEGATIVES, RULES, Rule
+from worker.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, Rule
 
 __all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "normalize", "redact"]
 
@@ -534,6 +534,22 @@ class Redactor:
         pieces.append(data[done:])
         return b"".join(pieces).decode("utf-8"), len(spans)
 
+    def redact_named(self, name: str, value: str) -> tuple[str, int]:
+        """Redact `value` as the value of a field called `name`.
+
+        A tool named `password`, `DB_PASSWORD` or `get_secret_access_key` whose
+        summary is the bare value: the value is read as `<name>: <value>` would be,
+        so a secret-looking value goes (and a plain sentence stays). Text redaction
+        alone must still change nothing in the result (it is a fixed point).
+        """
+        if _SECRET_NAME.fullmatch(normalize(name)) is None:
+            return self.redact(value)
+        prefix = "password: "  # a name the table always reads as secret; `name` may not be
+        out, count = self.redact(prefix + value)
+        if out.startswith(prefix):
+            return out[len(prefix) :], count
+        return "[REDACTED:secret-assignment]", max(count, 1)
+
     def secrets(self, text: str) -> list[tuple[str, str]]:
         """(rule id, secret) for every match: what redact() would remove.
 
@@ -544,6 +560,9 @@ class Redactor:
             return []
         return [(plan.rule_ids[rule], data[s:e].decode("utf-8")) for rule, s, e in spans]
 
+
+# A whole field name that says its value is a secret (as `redact_named` reads it).
+_SECRET_NAME = re2.compile(f"(?:{ANY_NAME}|{LOOSE_NAME})", _options())
 
 DEFAULT_REDACTOR = Redactor()
 

@@ -46,6 +46,9 @@ LOOKS_SECRET = (
     rf"(?:{_MARK}{_V}{{3,}}|{_V}{_MARK}{_V}{{2,}}|{_V}{{2}}{_MARK}{_V}+|{_V}{{3,}}{_MARK}{_V}*"
     rf"|[A-Za-z]{{8,}}{_V}*)"
 )
+# Letters together with digits or symbols, in either order.
+_LETTER = r"[A-Za-z]"
+MIXED = rf"(?:{_V}*{_LETTER}{_V}*{_MARK}{_V}*|{_V}*{_MARK}{_V}*{_LETTER}{_V}*)"
 # In an `... is <value>` phrase: 6+ characters with a digit or an inner symbol.
 _PHRASE_MARK = r"[0-9#$%&*+\-/@^|~=]"
 PHRASE_VALUE = (
@@ -69,6 +72,10 @@ _SECRET_WORDS = (
 # `token_name`, `password_hint` are names of things about a secret, not secrets.
 _SUFFIX = r"(?:[_\-.]?(?:\d+|value|val|str|string|b64|base64|hex|raw|enc|encrypted|plain|text))*"
 NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS}){_SUFFIX}"
+# A secret word with any suffix after it (`password_prod`, `smtpAuthToken_old`): for
+# these the value itself must look machine-made (MIXED), since `token_name`,
+# `password_hint` and `max_tokens` name things about a secret.
+LOOSE_NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS})[A-Za-z0-9_.\-]+"
 # An upper-case environment name ending in _KEY: OPENAI_KEY, STRIPE_KEY.
 ENV_KEY = r"(?-i:[A-Z][A-Z0-9_]*_KEY[0-9]*)"
 ANY_NAME = rf"(?:{ENV_KEY}|{NAME})"
@@ -612,8 +619,22 @@ RULES: tuple[Rule, ...] = (
         + r")"
         + NOT_CODE
         + r"))"
+        # any other suffix (`password_prod`, `PrivateKey_old`): the value must look
+        # machine-made, letters with digits or symbols, quoted or not
+        + r"|(?:"
+        + LOOSE_NAME
+        + r")"
+        + NAME_END
+        + ASSIGN
+        + r"(?:\\*[\"'`])?(?P<secret_loose>"
+        + MIXED
+        + r")"
+        + NOT_CODE
         # quoted header pairs of LSL and code: "X-Api-Key", "..."
-        r"|[\"'](?:" + ANY_NAME + r")[\"'][ \t]*,[ \t]*" + quoted("secret_pair"),
+        + r"|[\"'](?:"
+        + ANY_NAME
+        + r")[\"'][ \t]*,[ \t]*"
+        + quoted("secret_pair"),
         ("pass", "pwd", "secret", "key", "token", "credential"),
         (
             "password=hunter2",
@@ -638,6 +659,8 @@ RULES: tuple[Rule, ...] = (
             'password = """q8Zx w2rT9vB4"""',
             "password: `q8Zxw2rT9vB4`",
             "api key: q8Zxw2rT9vB4",
+            "export password_prod=q8Zx%w2rT9vB4",
+            "{'PrivateKey_old': 'q8Zxw2rT9vB4'}",
         ),
         ("password is required", "the api key page", "token: ok", "key = llGetOwner"),
     ),
