@@ -537,6 +537,20 @@ ASSIGNMENT_FAMILIES: dict[str, Maker] = {
 }
 
 
+def tool_named(r: Rng) -> tuple[str, Case]:
+    """A tool named like a secret whose summary is the bare value: (tool, case)."""
+    name = one(r, secret_name(r), "get_secret_access_key", "vault.read_password",
+               "fetch:SessionToken", "aws.sts.SessionToken", "clientSecret")  # fmt: skip
+    value = rand_value(r)
+    return name, Case("tool-named", one(r, value, f"{value}\n", f" {value} "), (value,))
+
+
+def tool_instance(seed: int, wrapper: str | None = None) -> tuple[str, Case]:
+    r = random.Random(f"tool-named/{seed}/{wrapper}")
+    name, case = tool_named(r)
+    return name, (WRAPPERS[wrapper](case, r) if wrapper else case)
+
+
 # -- grid session secrets ----------------------------------------------------------------------
 
 
