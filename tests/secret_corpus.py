@@ -96,96 +96,129 @@ def one(r: Rng, *options: str) -> str:
 # -- provider tokens ------------------------------------------------------------------------
 
 
+_OPEN, _CLOSE = "\x01", "\x02"
+
+
+def sec(r: Rng, n: int, alphabet: str = ALNUM) -> str:
+    """A random part of a token, marked as secret; the constant prefix around it is not
+    (a prefix shared by every instance cannot tell one instance's leak from another's)."""
+    return _OPEN + rand(r, n, alphabet) + _CLOSE
+
+
+def _unmark(marked: str) -> tuple[str, tuple[str, ...]]:
+    secrets, text, rest = [], "", marked
+    while _OPEN in rest:
+        before, rest = rest.split(_OPEN, 1)
+        secret, rest = rest.split(_CLOSE, 1)
+        text += before + secret
+        secrets.append(secret)
+    return text + rest, tuple(secrets)
+
+
 def _token(family: str, make: Callable[[Rng], str]) -> tuple[str, Maker]:
-    """A family whose whole token is the secret, pasted in a short phrase."""
+    """A family of tokens pasted in a short phrase; `make` marks their random parts."""
 
     def maker(r: Rng) -> Case:
-        token = make(r)
+        token, secrets = _unmark(make(r))
         lead = one(r, "", "here: ", "my key ", "use ", "token ", "key:", "=")
-        return Case(family, lead + token, (token,))
+        return Case(family, lead + token, secrets)
 
     return family, maker
 
 
+def _jwt_payload(r: Rng) -> tuple[str, str]:
+    """A payload and its secret part: past the first 12 characters (the encoded `{"sub": "`,
+    the same in every token)."""
+    payload = b64url_json({"sub": rand(r, 16), "name": rand(r, 12), "iat": r.randint(1, 2**31)})
+    return payload, payload[12:]
+
+
 def _jwt(r: Rng) -> str:
-    header = {"alg": one(r, "HS256", "RS256", "ES256"), "typ": "JWT"}
-    payload = {"sub": rand(r, 16), "iat": r.randint(1_600_000_000, 1_900_000_000)}
-    return f"{b64url_json(header)}.{b64url_json(payload)}.{b64(r, 32, urlsafe=True).rstrip('=')}"
+    header = b64url_json({"alg": one(r, "HS256", "RS256", "ES256"), "typ": "JWT"})
+    payload, secret = _jwt_payload(r)
+    head = payload[: len(payload) - len(secret)]
+    return f"{header}.{head}{_OPEN}{secret}{_CLOSE}.{sec(r, 43, B64URL)}"
 
 
 def _jwt_unsigned(r: Rng) -> Case:
     header = b64url_json({"alg": "none"})
-    payload = b64url_json({"sub": rand(r, 16), "name": rand(r, 12)})
+    payload, secret = _jwt_payload(r)
     text = f"{header}.{payload}."
-    # the header is a constant: the payload is what must go
-    return Case("jwt-unsigned", one(r, "jwt: ", "id_token ", "") + text, (payload,))
+    return Case("jwt-unsigned", one(r, "jwt: ", "id_token ", "") + text, (secret,))
 
 
 TOKEN_FAMILIES: dict[str, Maker] = dict(
     [
-        _token("github", lambda r: one(r, "ghp_", "gho_", "ghu_", "ghs_", "ghr_") + rand(r, 36)),
+        _token("github", lambda r: one(r, "ghp_", "gho_", "ghu_", "ghs_", "ghr_") + sec(r, 36)),
         _token(
             "github-pat",
-            lambda r: "github_pat_" + rand(r, 22) + "_" + rand(r, 59),
+            lambda r: "github_pat_" + sec(r, 22) + "_" + sec(r, 59),
         ),
-        _token("openai", lambda r: "sk-" + rand(r, 48)),
+        _token("openai", lambda r: "sk-" + sec(r, 48)),
         _token(
             "openai-proj",
             lambda r: (
                 one(r, "sk-proj-", "sk-svcacct-", "sk-admin-")
-                + rand(r, 40, B64URL)
+                + sec(r, 40, B64URL)
                 + "T3BlbkFJ"
-                + rand(r, 40, B64URL)
+                + sec(r, 40, B64URL)
             ),
         ),
-        _token("anthropic", lambda r: "sk-ant-api03-" + rand(r, 93, B64URL) + "AA"),
+        _token("anthropic", lambda r: "sk-ant-api03-" + sec(r, 93, B64URL) + "AA"),
         _token(
             "slack",
             lambda r: (
                 one(r, "xoxb-", "xoxp-")
                 + f"{r.randint(10**10, 10**12)}-{r.randint(10**10, 10**12)}-"
-                + rand(r, 24)
+                + sec(r, 24)
             ),
         ),
         _token(
             "slack-app",
             lambda r: (
                 f"xapp-1-A{rand(r, 10, UPPER + DIGITS)}-{r.randint(10**12, 10**13)}-"
-                + rand(r, 64, HEX)
+                + sec(r, 64, HEX)
             ),
         ),
-        _token("aws-access-key", lambda r: one(r, "AKIA", "ASIA") + rand(r, 16, UPPER + DIGITS)),
-        _token("google-api-key", lambda r: "AIza" + rand(r, 35, B64URL)),
+        _token("aws-access-key", lambda r: one(r, "AKIA", "ASIA") + sec(r, 16, UPPER + DIGITS)),
+        _token("google-api-key", lambda r: "AIza" + sec(r, 35, B64URL)),
         _token(
-            "gitlab", lambda r: one(r, "glpat-", "gldt-", "glrt-", "glptt-") + rand(r, 20, B64URL)
+            "gitlab",
+            lambda r: one(r, "glpat-", "gldt-", "glrt-", "glptt-", "gloas-") + sec(r, 20, B64URL),
         ),
-        _token("stripe-webhook", lambda r: "whsec_" + rand(r, 32)),
-        _token("google-oauth-secret", lambda r: "GOCSPX-" + rand(r, 28, B64URL)),
-        _token("google-oauth-token", lambda r: "ya29." + rand(r, 120, B64URL)),
+        _token("stripe-webhook", lambda r: "whsec_" + sec(r, 32)),
+        _token("google-oauth-secret", lambda r: "GOCSPX-" + sec(r, 28, B64URL)),
+        _token("google-oauth-token", lambda r: "ya29." + sec(r, 120, B64URL)),
         _token("jwt", _jwt),
-        _token("npm", lambda r: "npm_" + rand(r, 36)),
-        _token("pypi", lambda r: "pypi-AgEIcHlwaS5vcmc" + rand(r, 60, B64URL)),
+        _token("npm", lambda r: "npm_" + sec(r, 36)),
+        _token("pypi", lambda r: "pypi-AgEIcHlwaS5vcmc" + sec(r, 60, B64URL)),
         _token(
             "stripe",
-            lambda r: one(r, "sk_live_", "rk_live_", "sk_test_", "rk_test_") + rand(r, 24),
+            lambda r: one(r, "sk_live_", "rk_live_", "sk_test_", "rk_test_") + sec(r, 24),
         ),
-        _token("sendgrid", lambda r: f"SG.{rand(r, 22, B64URL)}.{rand(r, 43, B64URL)}"),
-        _token("huggingface", lambda r: one(r, "hf_", "api_org_") + rand(r, 34)),
+        _token("sendgrid", lambda r: f"SG.{sec(r, 22, B64URL)}.{sec(r, 43, B64URL)}"),
+        _token("huggingface", lambda r: one(r, "hf_", "api_org_") + sec(r, 34)),
         _token(
             "slack-webhook",
             lambda r: (
                 f"https://hooks.slack.com/services/T{rand(r, 8, UPPER + DIGITS)}/"
-                f"B{rand(r, 8, UPPER + DIGITS)}/{rand(r, 24)}"
+                f"B{rand(r, 8, UPPER + DIGITS)}/{sec(r, 24)}"
             ),
         ),
         _token(
             "discord-webhook",
             lambda r: (
                 f"https://discord.com/api/webhooks/{r.randint(10**17, 10**18)}/"
-                + rand(r, 68, B64URL)
+                + sec(r, 68, B64URL)
             ),
         ),
-        _token("login-hash", lambda r: "$1$" + rand(r, 32, HEX)),
+        _token("login-hash", lambda r: "$1$" + sec(r, 32, HEX)),
+        _token("google-refresh-token", lambda r: "1//0" + sec(r, 100, B64URL)),
+        _token("twilio", lambda r: "SK" + sec(r, 32, HEX)),
+        _token(
+            "discord-bot-token",
+            lambda r: f"M{sec(r, 23, B64URL)}.{rand(r, 6, B64URL)}.{sec(r, 38, B64URL)}",
+        ),
     ]
 )
 TOKEN_FAMILIES["jwt-unsigned"] = _jwt_unsigned
@@ -202,9 +235,12 @@ def _pem(r: Rng) -> Case:
     kind = one(r, "", "RSA ", "EC ", "DSA ", "ENCRYPTED ")
     lines = _b64_lines(r, r.randint(1, 4))
     body = "\n".join(lines)
-    text = f"-----BEGIN {kind}PRIVATE KEY-----\n{body}\n-----END {kind}PRIVATE KEY-----"
+    begin, end = f"-----BEGIN {kind}PRIVATE KEY-----", f"-----END {kind}PRIVATE KEY-----"
+    if r.random() < 0.2:  # retyped: lower case, or spaces inside the dashes
+        begin, end = one(r, begin.lower(), begin.replace("-----", "----- ", 1)), end.lower()
+    text = f"{begin}\n{body}\n{end}"
     if r.random() < 0.2:  # pasted, cut off before its end line
-        text = f"-----BEGIN {kind}PRIVATE KEY-----\n{body}"
+        text = f"{begin}\n{body}"
     return Case("pem", text, tuple(lines))
 
 
@@ -402,7 +438,7 @@ def secret_name(r: Rng) -> str:
 
 def _assignment(r: Rng) -> Case:
     name, value = secret_name(r), rand_value(r)
-    form = r.randrange(14)
+    form = r.randrange(18)
     text = [
         f"{name}={value}",
         f"export {name}={value}",
@@ -418,6 +454,10 @@ def _assignment(r: Rng) -> Case:
         f"<{name}>{value}</{name}>",
         f"{name}:\n  {value}",  # the value on the next line
         f"{name} =\n{value}",
+        f"{name}: |\n  {value}\nnext: 1",  # a YAML block scalar
+        f'{name} = """{value}"""',
+        f"{name}: `{value}`",
+        f"{name}={value}; echo ok",
     ][form]
     return Case("assignment", text, (value,))
 
@@ -430,6 +470,7 @@ def _cli_flag(r: Rng) -> Case:
         f"mysql -u root {flag} {value} -h db",
         f"tool login {flag}={value}",
         f"app {flag} '{value}'",
+        f"mysql -u root -p{value} -h db",
     )
     return Case("cli-flag", text, (value,))
 
@@ -494,6 +535,20 @@ ASSIGNMENT_FAMILIES: dict[str, Maker] = {
     "json-escaped": _json_escaped,
     "escaped-quote": _escaped_quote,
 }
+
+
+def tool_named(r: Rng) -> tuple[str, Case]:
+    """A tool named like a secret whose summary is the bare value: (tool, case)."""
+    name = one(r, secret_name(r), "get_secret_access_key", "vault.read_password",
+               "fetch:SessionToken", "aws.sts.SessionToken", "clientSecret")  # fmt: skip
+    value = rand_value(r)
+    return name, Case("tool-named", one(r, value, f"{value}\n", f" {value} "), (value,))
+
+
+def tool_instance(seed: int, wrapper: str | None = None) -> tuple[str, Case]:
+    r = random.Random(f"tool-named/{seed}/{wrapper}")
+    name, case = tool_named(r)
+    return name, (WRAPPERS[wrapper](case, r) if wrapper else case)
 
 
 # -- grid session secrets ----------------------------------------------------------------------
@@ -749,22 +804,37 @@ def fold(text: str) -> str:
     return "".join(" " if c.isspace() and c not in "\r\n" else c for c in folded)
 
 
-def survivors(secret: str, text: str) -> list[str]:
-    """Runs of WINDOW characters of `secret` still in `text` or in its folded form."""
-    folded = fold(text)
-    width = min(WINDOW, len(secret))
-    runs = {secret[i : i + width] for i in range(len(secret) - width + 1)}
-    return sorted(run for run in runs if run in text or run in folded)
+def _runs(text: str) -> set[str]:
+    return {text[i : i + WINDOW] for i in range(len(text) - WINDOW + 1)}
+
+
+def leaks_all(cases: list[Case], text: str, baseline: str = "") -> dict[str, dict[str, list[str]]]:
+    """Per family, every secret of `cases` with runs of WINDOW characters left in `text`
+    as stored or folded (`fold`), ignoring runs also in `baseline`.
+
+    One pass over the text for all cases: the wire of a whole corpus is megabytes.
+    """
+    wanted: dict[str, list[tuple[str, str]]] = {}
+    for case in cases:
+        for secret in case.secrets:
+            for i in range(len(secret) - WINDOW + 1):
+                wanted.setdefault(secret[i : i + WINDOW], []).append((case.family, secret))
+    ignored = (_runs(baseline) | _runs(fold(baseline))) if baseline else set()
+    found: dict[str, dict[str, list[str]]] = {}
+    for haystack in (text, fold(text)):
+        for i in range(len(haystack) - WINDOW + 1):
+            run = haystack[i : i + WINDOW]
+            if run in wanted and run not in ignored:
+                for family, secret in wanted[run]:
+                    runs = found.setdefault(family, {}).setdefault(secret, [])
+                    if run not in runs:
+                        runs.append(run)
+    return found
 
 
 def leaks(case: Case, text: str, baseline: str = "") -> dict[str, list[str]]:
-    """Every secret of `case` with runs left in `text` (ignoring runs in `baseline`)."""
-    found = {}
-    for secret in case.secrets:
-        runs = [run for run in survivors(secret, text) if run not in baseline]
-        if runs:
-            found[secret] = runs
-    return found
+    """Every secret of `case` with runs left in `text` (see `leaks_all`)."""
+    return leaks_all([case], text, baseline).get(case.family, {})
 
 
 def instance(family: str, seed: int, wrapper: str | None = None) -> Case:

@@ -1,9 +1,12 @@
-"""Redaction: every rule's examples, the families DESIGN section 6 names, and the store path."""
+"""Redaction against the secret corpus (tests/secret_corpus.py): every family alone, obfuscated,
+next to every other, in chat, as a fixed point, and through the store on every backend.
+
+The rule table's own examples and the linear-time checks are in tests/test_redaction_rules.py.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import examples
+from tests.conftest import CI_EXAMPLES, examples, hypothesis_profile
 from tests.helpers import avatar, dump_all
 from tests.secret_corpus import (
     ANY_BENIGN,
@@ -28,6 +31,8 @@ from tests.secret_corpus import (
     fold,
     instance,
     leaks,
+    leaks_all,
+    tool_instance,
 )
 from worker import (
     ActionResult,
@@ -41,7 +46,7 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
-from worker.redaction import DEFAULT_REDACTOR, GRID_NEGATIVES, RULES, Redactor, redact
+from worker.redaction import RULES, Redactor, redact
 
 A = avatar(1)
 UUID_EXAMPLE = "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90"
@@ -54,28 +59,6 @@ def test_rule_table_shape() -> None:
         assert rule.positives, rule.id
         assert all(kw == kw.lower() for kw in rule.keywords), rule.id
         assert redact("")[1] == 0
-
-
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
-def test_rule_alone_redacts_its_positives_with_its_marker(rule: Any) -> None:
-    alone = Redactor((rule,))
-    for sample in rule.positives:
-        out, count = alone.redact(sample)
-        assert count >= 1 and f"[REDACTED:{rule.id}]" in out, sample
-
-
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
-def test_negatives_are_untouched(rule: Any) -> None:
-    for sample in (*rule.negatives, *GRID_NEGATIVES):
-        assert redact(sample) == (sample, 0), (rule.id, sample)
-        assert Redactor((rule,)).redact(sample) == (sample, 0), (rule.id, sample)
-
-
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
-def test_keywords_are_necessary(rule: Any) -> None:
-    """The pre-filter may skip a rule only if no match can exist: each sample has a keyword."""
-    for sample in rule.positives:
-        assert any(kw in sample.lower() for kw in rule.keywords), (rule.id, sample)
 
 
 # -- the families DESIGN section 6 and the redaction issue name, one example each ------
@@ -170,8 +153,33 @@ NAMED_FAMILIES = {
 
 
 def assert_no_survivor(cases: list[Case], out: str, baseline: str = "") -> None:
-    found = {case.family: leaked for case in cases if (leaked := leaks(case, out, baseline))}
+    found = leaks_all(cases, out, baseline)
     assert not found, f"secrets survived: {found}\nin: {out!r}"
+
+
+def test_hypothesis_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ci replays the same examples with no database; dev and explore draw fresh ones and
+    keep failures; the profile follows HYPOTHESIS_PROFILE, else CI, else dev."""
+    ci, dev, explore = (settings.get_profile(name) for name in ("ci", "dev", "explore"))
+    assert ci.derandomize and ci.database is None and ci.print_blob
+    assert ci.max_examples == dev.max_examples == CI_EXAMPLES < explore.max_examples
+    assert not dev.derandomize and dev.database is not None
+    assert not explore.derandomize and explore.database is not None
+    for env, chosen in [
+        ({"HYPOTHESIS_PROFILE": "explore", "CI": "true"}, "explore"),
+        ({"CI": "true"}, "ci"),
+        ({"CI": "1"}, "ci"),
+        ({}, "dev"),
+    ]:
+        monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+        monkeypatch.delenv("CI", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert hypothesis_profile() == chosen, env
+    # and this run loaded the profile its environment chose
+    monkeypatch.undo()
+    assert settings().derandomize == (hypothesis_profile() == "ci")
+    assert examples(10) == 10 * settings().max_examples // CI_EXAMPLES
 
 
 def test_corpus_covers_every_named_family_and_obfuscation() -> None:
@@ -243,6 +251,12 @@ def test_every_benign_form_is_unchanged(kind: str) -> None:
     assert changed == {}
 
 
+# Every rule active whatever the keywords: one compiled plan for every text. The
+# pre-filter changes no result (test_prefilter_changes_nothing), and a plan per
+# set of woken rules would cost a compile for most of the ~2,600 pairs below.
+ALWAYS = Redactor(tuple(dataclasses.replace(rule, keywords=()) for rule in RULES))
+
+
 def test_every_family_next_to_every_other() -> None:
     """Every ordered pair of families in one text, plain and obfuscated: both secrets go.
 
@@ -250,19 +264,37 @@ def test_every_family_next_to_every_other() -> None:
     header whose value ran to the end of the line hid a PEM block after it).
     """
     wrappers = [None, *sorted(WRAPPERS)]
-    leaked = []
+    leaked, differ = [], []
     for i, first in enumerate(FAMILY_NAMES):
         for j, second in enumerate(FAMILY_NAMES):
             wrapper = wrappers[(i + j) % len(wrappers)]
             pair = [instance(first, 1, wrapper), instance(second, 2, wrapper)]
-            for sep in (" ", "\n", "; "):
-                out = redact(pair[0].text + sep + pair[1].text)[0]
+            for sep in (" ", "\n"):
+                text = pair[0].text + sep + pair[1].text
+                out = ALWAYS.redact(text)[0]
                 leaked += [(first, second, wrapper, sep) for case in pair if leaks(case, out)]
+                if (i * 7 + j) % 31 == 0 and redact(text)[0] != out:  # a sample, as shipped
+                    differ.append((first, second, wrapper, sep))
     assert leaked == [], f"{len(leaked)} pairs leak, first: {leaked[:20]}"
+    assert differ == []
 
 
 # Counterexamples found while exploring (HYPOTHESIS_PROFILE=explore): each stays an example.
+def pasted(*found: Case, sep: str = " ") -> tuple[str, list[Case]]:
+    return sep.join(case.text for case in found), list(found)
+
+
 COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
+    # a name with a word after the secret word (_prod, _old), every spelling
+    pasted(instance("assignment", 670)),
+    # a full-width sk-ant- token, half of it was left (store test, first run)
+    pasted(instance("anthropic", 0, "full-width")),
+    # a raw @ inside a URL password: the part after the first @ was left
+    pasted(instance("url-userinfo", 1105)),
+    # a credential header's value ran to the end of the line and hid a key block after it
+    pasted(instance("api-key-header", 1), instance("openssh", 2)),
+    pasted(instance("api-key-header", 1, "zero-width"), instance("pgp", 2, "zero-width")),
+    pasted(instance("cookie", 1, "full-width"), instance("putty", 2, "full-width"), sep="; "),
     # @@COUNTEREXAMPLES@@
 ]
 
@@ -290,6 +322,7 @@ MARKERISH = st.sampled_from(
 
 
 @settings(max_examples=examples(200))
+@example("X-AUTH-TOKEN:0")  # its marker was replaced by itself again (count 1, text the same)
 @given(
     st.one_of(
         chat().map(lambda found: found[0]),
@@ -303,9 +336,6 @@ def test_redaction_is_a_fixed_point(text: str) -> None:
     """What is stored must be stored again unchanged: restore checks exactly this."""
     once = redact(text)[0]
     assert redact(once)[0] == once
-
-
-ALWAYS = Redactor(tuple(dataclasses.replace(rule, keywords=()) for rule in RULES))
 
 
 @settings(max_examples=examples(100))
@@ -374,8 +404,22 @@ def test_store_keeps_no_secret_of_any_family(redis: Any) -> None:
     assert_no_survivor(cases, shown)
 
 
+def test_tool_named_like_a_secret_keeps_no_secret(redis: Any) -> None:
+    """A tool named like a secret (`DB_PASSWORD`, `clientSecret`, `get_secret_access_key`)
+    whose summary is the bare value: nothing of the value stored, on every backend."""
+    store = ConversationStore(redis, clock=ManualClock())
+    tools = [
+        tool_instance(seed, wrapper) for seed in range(12) for wrapper in [None, *sorted(WRAPPERS)]
+    ]
+    for n, (tool, case) in enumerate(tools):
+        store.record(avatar(n), "im", ToolSummary(tool=tool, summary=case.text))
+    found = {tool: leaked for tool, case in tools if (leaked := leaks(case, dump_all(redis)))}
+    assert found == {}
+
+
 @settings(max_examples=examples(30))
 @given(found=chat())
+@example(found=pasted(instance("anthropic", 0, "full-width")))
 def test_store_keeps_and_returns_no_secret(found: tuple[str, list[Case]]) -> None:
     """Random chat through every record kind on fakeredis: nothing secret stored or shown.
 
@@ -458,59 +502,6 @@ def test_credential_like_names_are_refused(
     with pytest.raises(InvalidInput, match="looks like a credential"):
         call(store)
     assert command_counter.commands == []
-
-
-# -- linear time -----------------------------------------------------------------------------
-
-MiB = 1 << 20
-
-
-def _benign(size: int) -> str:
-    line = (
-        "hi! is the sandbox open? see http://maps.secondlife.com/secondlife/Ahern/128/128/25 ok\n"
-    )
-    return (line * (size // len(line) + 1))[:size]
-
-
-HOSTILE: dict[str, Callable[[int], str]] = {
-    "scheme runs": lambda n: "://" * (n // 3),
-    "equals runs": lambda n: "a=" * (n // 2),
-    "sk- runs": lambda n: "sk-" * (n // 3),
-    "nested brackets": lambda n: "[(<{" * (n // 8) + "}>)]" * (n // 8),
-    "near matches": lambda n: (
-        "sk-abc password ; http://h/cap/8a5e2c1b-0d6f ghp_ eyJx.eyJ AKIA12 $1$ab ?token&key bearer x "
-        * (n // 90 + 1)
-    )[:n],
-    "open private key": lambda n: "-----BEGIN PRIVATE KEY-----" + "A" * n,
-    # each short secret makes the scan resume inside it (SHORT_SECRET)
-    "short secrets in a row": lambda n: (
-        "token=Bearer auth_token: -----BEGIN secret=Cookie: pwd=x " * (n // 56 + 1)
-    )[:n],
-}
-MATCHING = {"open private key", "short secrets in a row"}
-
-
-def _seconds(text: str) -> float:
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        DEFAULT_REDACTOR.redact(text)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-@pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_input_is_linear(name: str) -> None:
-    """Time grows with length, not its square, and stays near benign text of the same size.
-
-    The tight figure (ratio <= 3) is the benchmark's (bench/redaction.py); here the
-    bounds are loose enough for a busy shared machine and still catch backtracking.
-    """
-    assert name in MATCHING or redact(HOSTILE[name](4096))[1] <= 1
-    benign = _seconds(_benign(MiB))
-    small, large = _seconds(HOSTILE[name](MiB // 4)), _seconds(HOSTILE[name](MiB))
-    assert large <= 10 * max(benign, 0.002)
-    assert large <= 8 * max(small, 0.0005)  # 4x the input: about 4x the time
 
 
 @pytest.mark.parametrize(

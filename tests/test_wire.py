@@ -1,4 +1,9 @@
-"""Nothing secret on the wire: MONITOR sees every command while secrets are recorded."""
+"""Nothing secret on the wire: MONITOR sees every command while secrets are recorded.
+
+Every family of the secret corpus (tests/secret_corpus.py), plain and under every
+obfuscation, is recorded through the store as each kind of record. The expected
+secrets are the corpus's own: no rule is asked which part of a text is secret.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +14,22 @@ import pytest
 import redis as redis_py
 
 from tests.helpers import avatar, dump_all
-from tests.test_redaction import REQUIRED
-from worker import ActionResult, AvatarMessage, ConversationStore, ManualClock, ToolSummary
+from tests.secret_corpus import FAMILIES, WRAPPERS, Case, instance, leaks_all, tool_instance
+from worker import (
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    ConversationConfig,
+    ConversationStore,
+    Limits,
+    ManualClock,
+    ToolSummary,
+)
 from worker.embedded import EmbeddedValkey
-from worker.redaction import RULES, Redactor
 
 pytestmark = pytest.mark.real
 
 STOP = "gm-monitor-stop"
-
-
-def _secrets() -> list[str]:
-    """Every secret part the rule table and the required families can produce."""
-    found = set()
-    for rule in RULES:
-        alone = Redactor((rule,))
-        for example in rule.positives:
-            found.update(secret for _, secret in alone.secrets(example))
-    for example in REQUIRED.values():
-        found.update(secret for _, secret in Redactor().secrets(example))
-    # a "secret" that is a few common characters would also match innocent text
-    return sorted(s for s in found if len(s) >= 6)
 
 
 class Monitor(threading.Thread):
@@ -50,44 +50,66 @@ class Monitor(threading.Thread):
                 return
 
 
+def wire_cases() -> list[Case]:
+    """Two instances of every family, plain and under every obfuscation."""
+    return [
+        instance(family, seed, wrapper)
+        for family in sorted(FAMILIES)
+        for wrapper in [None, *sorted(WRAPPERS)]
+        for seed in (11, 12)
+    ]
+
+
 def test_no_secret_reaches_redis(real_servers: dict[str, EmbeddedValkey]) -> None:
+    """Every command the server runs while every family is recorded: no run of a secret."""
     server = real_servers["valkey"]
     client = server.client()
     client.flushall()
-    secrets = _secrets()
-    assert len(secrets) > 60
-    texts = [rule_example for rule in RULES for rule_example in rule.positives]
-    texts += [f"here you go: {v} (don't share)" for v in REQUIRED.values()]
+    cases = wire_cases()
+    tool_cases = [
+        tool_instance(seed, wrapper) for seed in (11, 12) for wrapper in [None, *sorted(WRAPPERS)]
+    ]
+    assert len({case.family for case in cases}) == len(FAMILIES) >= 40
+    # Given a monitor on the server, and a store that compacts often (summary lines too)
     monitor = Monitor(server.client(decode_responses=True))
     monitor.start()
-    store = ConversationStore(client, clock=ManualClock())
+    store = ConversationStore(
+        client, ConversationConfig(limits=Limits(max_turns_per_session=4)), clock=ManualClock()
+    )
+    # When every case is recorded as every kind of record, and read back
     contexts = []
-    for n, text in enumerate(texts):
-        who = avatar(n % 7)
+    for n, case in enumerate(cases):
+        who = avatar(n % 11)
+        text = f"here you go: {case.text} (don't share)"
         store.record(who, "public", AvatarMessage(text=text), idempotency_key=f"{n}-0")
+        store.record(who, "public", AgentReply(text=text))
         store.record(who, "im", ToolSummary(tool="web.fetch", summary=text))
         store.record(who, "im", ActionResult(action="pay", status="denied", detail=text))
         contexts += [m.content for ch in ("public", "im") for m in store.context(who, ch)]
+    # and tools named like a secret, their summary the bare value
+    for n, (tool, case) in enumerate(tool_cases):
+        store.record(avatar(n % 11), "im", ToolSummary(tool=tool, summary=case.text))
+    cases += [case for _, case in tool_cases]
     client.echo(STOP)
     monitor.join(timeout=30)
     assert not monitor.is_alive()
+    # Then the monitor saw the traffic, and no run of any secret in it, in the store or shown
     wire = "\n".join(monitor.commands)
-    stored = dump_all(client)
-    shown = "\n".join(contexts)
-    # the monitor saw the recording traffic (and the markers it carried)
     assert "FCALL" in wire and "[REDACTED:" in wire
-    for secret in secrets:
-        assert secret not in wire, secret
-        assert secret not in stored, secret
-        assert secret not in shown, secret
+    assert leaks_all(cases, wire) == {}
+    assert leaks_all(cases, dump_all(client)) == {}
+    assert leaks_all(cases, "\n".join(contexts)) == {}
 
 
 def test_monitor_would_see_a_leak(real_servers: dict[str, Any]) -> None:
-    """The check above can fail: an unredacted write is visible to it."""
+    """The check above can fail: an unredacted (or obfuscated) write is visible to it."""
     client = real_servers["valkey"].client()
     monitor = Monitor(real_servers["valkey"].client(decode_responses=True))
     monitor.start()
-    client.set("probe", "sk-proj-Zq8xW2rT9vB4nM1kLp0aZq8x")
+    plain, hidden = instance("github", 1), instance("anthropic", 1, "zero-width")
+    client.set("probe", plain.text)
+    client.set("probe2", hidden.text)
     client.echo(STOP)
     monitor.join(timeout=30)
-    assert any("sk-proj-Zq8xW2rT9vB4nM1kLp0aZq8x" in c for c in monitor.commands)
+    wire = "\n".join(monitor.commands)
+    assert set(leaks_all([plain, hidden], wire)) == {"github", "anthropic"}
