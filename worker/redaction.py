@@ -108,7 +108,7 @@ def _change_entries() -> tuple[str, ...]:
     joiner (between two emoji) and a CJK full-width comma (between two ideographs)
     match none, and honest non-Latin text keeps the one-scan path."""
     alnum = [cp for cp in _FOLD_POINTS if str(_TABLE[cp]).isalnum()]
-    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum)) + "]"
+    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum)) + "]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
