@@ -43,6 +43,9 @@ pytest_plugins = ["pytester"]
 
 CI_EXAMPLES = 100
 _COMMON: dict[str, Any] = {
+    # from Hypothesis's defaults, not from whatever is loaded now: Hypothesis loads its
+    # own `ci` profile when it sees CI, and a profile would inherit its derandomize
+    "parent": settings.get_profile("default"),
     "deadline": None,  # a shared CI machine has pauses; time is the linear-time tests' job
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
 }

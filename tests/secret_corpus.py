@@ -183,7 +183,8 @@ TOKEN_FAMILIES: dict[str, Maker] = dict(
         _token("aws-access-key", lambda r: one(r, "AKIA", "ASIA") + sec(r, 16, UPPER + DIGITS)),
         _token("google-api-key", lambda r: "AIza" + sec(r, 35, B64URL)),
         _token(
-            "gitlab", lambda r: one(r, "glpat-", "gldt-", "glrt-", "glptt-") + sec(r, 20, B64URL)
+            "gitlab",
+            lambda r: one(r, "glpat-", "gldt-", "glrt-", "glptt-", "gloas-") + sec(r, 20, B64URL),
         ),
         _token("stripe-webhook", lambda r: "whsec_" + sec(r, 32)),
         _token("google-oauth-secret", lambda r: "GOCSPX-" + sec(r, 28, B64URL)),
@@ -212,6 +213,12 @@ TOKEN_FAMILIES: dict[str, Maker] = dict(
             ),
         ),
         _token("login-hash", lambda r: "$1$" + sec(r, 32, HEX)),
+        _token("google-refresh-token", lambda r: "1//0" + sec(r, 100, B64URL)),
+        _token("twilio", lambda r: "SK" + sec(r, 32, HEX)),
+        _token(
+            "discord-bot-token",
+            lambda r: f"M{sec(r, 23, B64URL)}.{rand(r, 6, B64URL)}.{sec(r, 38, B64URL)}",
+        ),
     ]
 )
 TOKEN_FAMILIES["jwt-unsigned"] = _jwt_unsigned
@@ -228,9 +235,12 @@ def _pem(r: Rng) -> Case:
     kind = one(r, "", "RSA ", "EC ", "DSA ", "ENCRYPTED ")
     lines = _b64_lines(r, r.randint(1, 4))
     body = "\n".join(lines)
-    text = f"-----BEGIN {kind}PRIVATE KEY-----\n{body}\n-----END {kind}PRIVATE KEY-----"
+    begin, end = f"-----BEGIN {kind}PRIVATE KEY-----", f"-----END {kind}PRIVATE KEY-----"
+    if r.random() < 0.2:  # retyped: lower case, or spaces inside the dashes
+        begin, end = one(r, begin.lower(), begin.replace("-----", "----- ", 1)), end.lower()
+    text = f"{begin}\n{body}\n{end}"
     if r.random() < 0.2:  # pasted, cut off before its end line
-        text = f"-----BEGIN {kind}PRIVATE KEY-----\n{body}"
+        text = f"{begin}\n{body}"
     return Case("pem", text, tuple(lines))
 
 
@@ -428,7 +438,7 @@ def secret_name(r: Rng) -> str:
 
 def _assignment(r: Rng) -> Case:
     name, value = secret_name(r), rand_value(r)
-    form = r.randrange(14)
+    form = r.randrange(18)
     text = [
         f"{name}={value}",
         f"export {name}={value}",
@@ -444,6 +454,10 @@ def _assignment(r: Rng) -> Case:
         f"<{name}>{value}</{name}>",
         f"{name}:\n  {value}",  # the value on the next line
         f"{name} =\n{value}",
+        f"{name}: |\n  {value}\nnext: 1",  # a YAML block scalar
+        f'{name} = """{value}"""',
+        f"{name}: `{value}`",
+        f"{name}={value}; echo ok",
     ][form]
     return Case("assignment", text, (value,))
 
@@ -456,6 +470,7 @@ def _cli_flag(r: Rng) -> Case:
         f"mysql -u root {flag} {value} -h db",
         f"tool login {flag}={value}",
         f"app {flag} '{value}'",
+        f"mysql -u root -p{value} -h db",
     )
     return Case("cli-flag", text, (value,))
 
@@ -520,6 +535,20 @@ ASSIGNMENT_FAMILIES: dict[str, Maker] = {
     "json-escaped": _json_escaped,
     "escaped-quote": _escaped_quote,
 }
+
+
+def tool_named(r: Rng) -> tuple[str, Case]:
+    """A tool named like a secret whose summary is the bare value: (tool, case)."""
+    name = one(r, secret_name(r), "get_secret_access_key", "vault.read_password",
+               "fetch:SessionToken", "aws.sts.SessionToken", "clientSecret")  # fmt: skip
+    value = rand_value(r)
+    return name, Case("tool-named", one(r, value, f"{value}\n", f" {value} "), (value,))
+
+
+def tool_instance(seed: int, wrapper: str | None = None) -> tuple[str, Case]:
+    r = random.Random(f"tool-named/{seed}/{wrapper}")
+    name, case = tool_named(r)
+    return name, (WRAPPERS[wrapper](case, r) if wrapper else case)
 
 
 # -- grid session secrets ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import redis as redis_py
 
 from tests.helpers import avatar, dump_all
-from tests.secret_corpus import FAMILIES, WRAPPERS, Case, instance, leaks_all
+from tests.secret_corpus import FAMILIES, WRAPPERS, Case, instance, leaks_all, tool_instance
 from worker import (
     ActionResult,
     AgentReply,
@@ -66,6 +66,9 @@ def test_no_secret_reaches_redis(real_servers: dict[str, EmbeddedValkey]) -> Non
     client = server.client()
     client.flushall()
     cases = wire_cases()
+    tool_cases = [
+        tool_instance(seed, wrapper) for seed in (11, 12) for wrapper in [None, *sorted(WRAPPERS)]
+    ]
     assert len({case.family for case in cases}) == len(FAMILIES) >= 40
     # Given a monitor on the server, and a store that compacts often (summary lines too)
     monitor = Monitor(server.client(decode_responses=True))
@@ -83,6 +86,10 @@ def test_no_secret_reaches_redis(real_servers: dict[str, EmbeddedValkey]) -> Non
         store.record(who, "im", ToolSummary(tool="web.fetch", summary=text))
         store.record(who, "im", ActionResult(action="pay", status="denied", detail=text))
         contexts += [m.content for ch in ("public", "im") for m in store.context(who, ch)]
+    # and tools named like a secret, their summary the bare value
+    for n, (tool, case) in enumerate(tool_cases):
+        store.record(avatar(n % 11), "im", ToolSummary(tool=tool, summary=case.text))
+    cases += [case for _, case in tool_cases]
     client.echo(STOP)
     monitor.join(timeout=30)
     assert not monitor.is_alive()
