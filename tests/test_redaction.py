@@ -295,6 +295,9 @@ COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
     pasted(instance("api-key-header", 1), instance("openssh", 2)),
     pasted(instance("api-key-header", 1, "zero-width"), instance("pgp", 2, "zero-width")),
     pasted(instance("cookie", 1, "full-width"), instance("putty", 2, "full-width"), sep="; "),
+    # a YAML block scalar after a suffixed name (explore run 3)
+    pasted(instance("assignment", 1341)),
+    pasted(instance("assignment", 9_759_876_338_333, "zero-width+spaces")),
     # @@COUNTEREXAMPLES@@
 ]
 
