@@ -129,7 +129,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
         SECRET,
     ),
     "PGP": (f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n{SECRET}\n-----END PGP", SECRET),
-    "cookie pair list": (f"Cookie: a=1; session_token={SECRET}; b=2", SECRET),
+    "cookie pair list": (f"Cookie: a=1; sid={SECRET}; csrftoken=x{SECRET[::-1]}", SECRET[::-1]),
 }
 
 
@@ -237,10 +237,12 @@ def test_emoji_and_non_latin_text_skip_the_view() -> None:
     for text in (
         "👨\u200d👩\u200d👧 and 🏳\ufe0f\u200d🌈",
         "砂場はどこですか\uff1f\u3000パスワードは教えません。",
-        "Il a dit\u00a0: «\u00a0bonjour\u00a0»",
     ):
         assert normalize(text) == text
         assert redact(text) == (text, 0)
+    french = "Il a dit\u00a0: «\u00a0bonjour\u00a0»"  # NBSP next to ASCII: a space in the view
+    assert normalize(french) == "Il a dit : « bonjour »"
+    assert redact(french) == (french, 0)
 
 
 def test_the_view_folds_and_drops() -> None:
@@ -417,7 +419,16 @@ def test_a_suffixed_name_keeps_a_plain_value(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "tool", ["password", "DB_PASSWORD", "clientSecret", "get_secret_access_key", "SessionToken"]
+    "tool",
+    [
+        "password",
+        "DB_PASSWORD",
+        "clientSecret",
+        "get_secret_access_key",
+        "SessionToken",
+        "fetch:SessionToken",
+        "vault.read_password",
+    ],
 )
 def test_a_tool_named_like_a_secret_loses_its_bare_value(
     tool: str, store: object, redis: object

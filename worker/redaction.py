@@ -8,8 +8,8 @@ The rules live in worker/redaction_rules.py. This module owns how they run:
 
 - Detection runs on a *normalized view* of the text: invisible format characters
   are dropped (a zero-width space inside a token), full-width and other
-  compatibility forms are folded to ASCII (NFKC, per character), and every space
-  class of a rule also takes Unicode spaces. A map from the view back to the
+  compatibility forms are folded to ASCII (NFKC, per character), and Unicode
+  spaces become ' '. A map from the view back to the
   original turns each match into a span of the ORIGINAL text, and that span is
   replaced: nothing of a secret survives, its invisible characters included.
   ASCII text skips the view; other text pays one RE2 scan, and the map is built
@@ -58,7 +58,8 @@ def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
                 table[cp] = None
                 fmt.append(cp)
             elif category in ("Zs", "Zl", "Zp"):
-                continue  # Unicode spaces: the patterns take them as spaces (_widen)
+                table[cp] = " "  # NBSP, U+2000-200A, U+3000...: a space to every rule
+                fold.append(cp)
             else:
                 folded = unicodedata.normalize("NFKC", ch)
                 if folded != ch and folded.isascii() and folded.isprintable():
@@ -84,43 +85,6 @@ def _re2_class(points: list[int]) -> str:
 
 
 _TABLE, _FMT_POINTS, _FOLD_POINTS = _tables()
-# Unicode spaces (NBSP, U+2000-200A, U+202F, U+3000, ...): every `[ \t]`, `\s` and
-# literal space of a rule also takes them, so `password:\u00a0x` is an assignment
-# and a value ends at an NBSP, with no view work for French or CJK typography.
-UNICODE_SPACES = _re2_class(
-    [cp for cp in range(0x80, 0x3001) if unicodedata.category(chr(cp)) in ("Zs", "Zl", "Zp")]
-)
-
-
-def _widen(pattern: str) -> str:
-    """`pattern` with every space class also taking Unicode spaces."""
-    out: list[str] = []
-    in_class = False
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            pair = pattern[i : i + 2]
-            if pair == "\\s":
-                out.append(f"\\s{UNICODE_SPACES}" if in_class else f"[\\s{UNICODE_SPACES}]")
-            else:
-                out.append(pair)
-            i += 2
-            continue
-        if ch == "[" and not in_class:
-            in_class = True
-            out.append("[^" if pattern.startswith("[^", i) else "[")
-            i += 2 if pattern.startswith("[^", i) else 1
-            continue
-        if ch == "]" and in_class:
-            in_class = False
-        elif ch == " ":
-            out.append(f" {UNICODE_SPACES}" if in_class else f"[ {UNICODE_SPACES}]")
-            i += 1
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 # Characters the view changes, as UTF-8: what each becomes, and its byte length.
@@ -138,17 +102,18 @@ CHANGE_BUDGET_BYTES = 32
 def _change_entries() -> tuple[str, ...]:
     """RE2 set entries, one per changed character, that match where the view changes
     the text in a way a rule could see. A foldable letter or digit matches anywhere
-    (a full-width token among CJK text); a format character or foldable punctuation
-    only next to visible ASCII or another changed character. So an emoji's zero-width
+    (a full-width token among CJK text); a format character, a Unicode space or
+    foldable punctuation only next to visible ASCII, a format character or a
+    foldable letter or digit. So an emoji's zero-width
     joiner (between two emoji) and a CJK full-width comma (between two ideographs)
     match none, and honest non-Latin text keeps the one-scan path."""
-    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
+    alnum = [cp for cp in _FOLD_POINTS if str(_TABLE[cp]).isalnum()]
+    near = r"[\x21-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum)) + "]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
         char = re2.escape(sequence.decode("utf-8"))
-        alnum = folded.isalnum()
-        entries.append(char if alnum else f"{near}{char}|{char}{near}")
+        entries.append(char if folded.isalnum() else f"{near}{char}|{char}{near}")
     return tuple(entries)
 
 
@@ -266,9 +231,10 @@ SMALL_MATCH = 4096
 # (quadratic); a short one adds at most its own length to the scan.
 SHORT_SECRET = 32
 
-# A long secret can hide the start of another match that runs past its end (a
-# header value up to where a PEM block begins). The last this many bytes of a long
-# secret are searched again for such a match: bounded extra work per match.
+# A secret can hide the start of another match that runs past its end (a header
+# value up to where a PEM block begins, a token glued to the next one). The last
+# this many bytes of a secret are searched again for such a match: bounded extra
+# work per match.
 CROSS_WINDOW = 256
 
 # Matches handled one by one: a base, plus one per this many bytes of text. Past it
@@ -311,10 +277,10 @@ def _alternation(rules: tuple[Rule, ...], *, capture: bool) -> Any:
     parts = []
     for i, rule in enumerate(rules):
         if capture:
-            pattern = _SECRET_GROUP.sub(f"(?P<v{i}_\\1>", _widen(rule.pattern))
+            pattern = _SECRET_GROUP.sub(f"(?P<v{i}_\\1>", rule.pattern)
             parts.append(f"(?P<r{i}>{pattern})")
         else:
-            parts.append("(?:" + _SECRET_GROUP.sub("(?:", _widen(rule.pattern)) + ")")
+            parts.append("(?:" + _SECRET_GROUP.sub("(?:", rule.pattern) + ")")
     return _compile("|".join(parts))
 
 
@@ -348,21 +314,24 @@ class _Plan:
         CROSS_WINDOW).
         """
         done, size = 0, len(data)
+        pending: tuple[int, int, int, int, int] | None = None
         while done < size:
-            start, end = self.spans.Match(_UNANCHORED, data, done, size)[0]
-            if start < 0:
-                return
-            rule, secret_start, secret_end = self._locate(data, start, end)
+            if pending is None:
+                start, end = self.spans.Match(_UNANCHORED, data, done, size)[0]
+                if start < 0:
+                    return
+                rule, secret_start, secret_end = self._locate(data, start, end)
+            else:
+                rule, start, end, secret_start, secret_end = pending
+                pending = None
             yield rule, start, end, secret_start, secret_end
             if start < secret_start and secret_end - secret_start <= SHORT_SECRET:
                 done = secret_start
                 continue
             done = max(end, done + 1)
-            if secret_end - secret_start > SHORT_SECRET:
-                crossing = self._crossing(data, secret_start, secret_end)
-                if crossing is not None:
-                    yield crossing
-                    done = max(done, crossing[2])
+            # a match starting inside this secret and running past it (treated as the
+            # next match, so a short secret in it is rescanned too)
+            pending = self._crossing(data, secret_start, secret_end)
 
     def _crossing(self, data: bytes, start: int, end: int) -> tuple[int, int, int, int, int] | None:
         """A match that starts in the last CROSS_WINDOW bytes of the secret data[start:end]
@@ -370,7 +339,9 @@ class _Plan:
         YAML block whose last line starts a session-id reply. Bounded work per secret."""
         pos = max(start + 1, end - CROSS_WINDOW)
         limit = min(len(data), end + CROSS_WINDOW)
-        while pos < end:
+        for _ in range(16):  # a few nested matches ending with the secret (PEM dashes)
+            if pos >= end:
+                return None
             m_start, m_end = self.spans.Match(_UNANCHORED, data, pos, limit)[0]
             if m_start < 0 or m_start >= end:
                 return None
@@ -379,7 +350,7 @@ class _Plan:
                 if full_end > end:
                     rule, s_start, s_end = self._locate(data, m_start, full_end)
                     return rule, m_start, full_end, s_start, s_end
-            pos = max(m_end, m_start + 1)
+            pos = m_start + 1 if m_end >= end else max(m_end, m_start + 1)
         return None
 
     def _locate(self, data: bytes, start: int, end: int) -> tuple[int, int, int]:
@@ -441,7 +412,8 @@ class Redactor:
             frozenset(i for i, rule in enumerate(rules) if kw in rule.keywords) for kw in keywords
         ]
         self._always = frozenset(i for i, rule in enumerate(rules) if not rule.keywords)
-        self._plan = functools.lru_cache(maxsize=256)(self._build_plan)
+        # one compile per set of woken rules; real traffic wakes a few hundred sets
+        self._plan = functools.lru_cache(maxsize=1024)(self._build_plan)
 
     def _build_plan(self, active: tuple[int, ...]) -> _Plan:
         return _Plan(tuple(self.rules[i] for i in active))
@@ -542,7 +514,8 @@ class Redactor:
         so a secret-looking value goes (and a plain sentence stays). Text redaction
         alone must still change nothing in the result (it is a fixed point).
         """
-        if _SECRET_NAME.fullmatch(normalize(name)) is None:
+        leaf = re.split(r"[:/]", normalize(name))[-1]  # `fetch:SessionToken`, `vault/password`
+        if _SECRET_NAME.fullmatch(leaf) is None:
             return self.redact(value)
         prefix = "password: "  # a name the table always reads as secret; `name` may not be
         out, count = self.redact(prefix + value)

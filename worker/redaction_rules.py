@@ -2,8 +2,8 @@
 
 Patterns are RE2 syntax and run over the *normalized view* of a text (see
 worker/redaction.py): invisible format characters are gone, compatibility forms
-(full-width letters) are folded to ASCII, and every space class of a pattern
-(`[ \t]`, `\\s`, a literal space) also takes Unicode spaces (NBSP, U+3000...).
+(full-width letters) are folded to ASCII and Unicode spaces (NBSP, U+3000...)
+are plain spaces.
 So a pattern is written for plain ASCII and still catches a full-width `ghp_...` or a
 token with a zero-width space inside.
 
@@ -18,8 +18,9 @@ Value shapes (a family decision, pinned by tests/test_redaction_rules.py):
 - an *unquoted* value is a secret when it looks like one: 4+ characters with a
   digit or symbol (`hunter2`, `correct-horse`), or 8+ letters (`swordfish1` and
   `changeme` alike); a common word (`Secret: Santa`, `pass = TRUE`) stays;
-- a value directly followed by `(` or `[` is code (`getpass()`,
-  `os.environ["X"]`), not a secret;
+- a word-like value (no digit or symbol) directly followed by `(` or `[` is
+  code (`getpass()`, `os.environ["X"]`), not a secret; one with a digit or
+  symbol is a secret even glued to punctuation;
 - `... is <value>` phrases (`my password is ...`, `api key is ...`) need a digit
   or symbol in the value, so `my password is too weak lol` stays.
 A name describing a secret rather than holding one (`token_name`, `sort_key`,
@@ -42,10 +43,11 @@ _MARK = r"[0-9#$%&*+\-/@^|~=]"
 # A bare value that looks like a secret: 4+ characters with a mark, or 8+ letters.
 # (RE2 has no lookahead: "length >= 4 and holds a mark" is spelled out by position.)
 _V = VALUE
-LOOKS_SECRET = (
-    rf"(?:{_MARK}{_V}{{3,}}|{_V}{_MARK}{_V}{{2,}}|{_V}{{2}}{_MARK}{_V}+|{_V}{{3,}}{_MARK}{_V}*"
-    rf"|[A-Za-z]{{8,}}{_V}*)"
+MARKED = (
+    rf"(?:{_MARK}{_V}{{3,}}|{_V}{_MARK}{_V}{{2,}}|{_V}{{2}}{_MARK}{_V}+|{_V}{{3,}}{_MARK}{_V}*)"
 )
+WORDY = rf"[A-Za-z]{{8,}}{_V}*"
+LOOKS_SECRET = rf"(?:{MARKED}|{WORDY})"
 # Letters together with digits or symbols, in either order.
 _LETTER = r"[A-Za-z]"
 MIXED = rf"(?:{_V}*{_LETTER}{_V}*{_MARK}{_V}*|{_V}*{_MARK}{_V}*{_LETTER}{_V}*)"
@@ -258,9 +260,9 @@ RULES: tuple[Rule, ...] = (
     # LLSD notation's `u` prefix, braces; the UUID dashed or as 32 hex digits.
     Rule(
         "grid-session-id",
-        r"(?i:\b(?:secure[ _\-]?)?session[ _\-]?id)"
+        r"(?i:(?:secure[ _\-]?)?session[ _\-]?id)"
         r"(?:[ \t\r\n\"'=:>,\\]|</(?i:name|key)>|<(?i:value|string|uuid)>)+"
-        r"(?i:u)?(?P<secret>\{?(?:" + UUID + "|" + HEX32 + r")\}?)\b",
+        r"(?i:u)?(?P<secret>\{?(?:" + UUID + "|" + HEX32 + r")\}?)",
         ("session",),
         (
             "session_id=8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90",
@@ -436,7 +438,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "google-oauth",
-        r"(?:GOCSPX-[A-Za-z0-9_\-]{20,}|\bya29\.[A-Za-z0-9_\-.]{20,}|\b1//0[A-Za-z0-9_\-]{20,})",
+        r"(?:GOCSPX-[A-Za-z0-9_\-]{20,}|ya29\.[A-Za-z0-9_\-.]{20,}|1//0[A-Za-z0-9_\-]{20,})",
         ("gocspx-", "ya29.", "1//0"),
         (
             "GOCSPX-q8Zxw2rT9vB4nM1kLp0aZq8xW2r",
@@ -510,7 +512,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "aws-access-key",
-        r"(?:\b|[a-z_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16})\b",
+        r"(?:\b|[a-z0-9_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16})(?:\b|[a-z_])",
         ("akia", "asia", "abia", "acca"),
         ("AKIAIOSFODNN7EXAMPLE", "aws_access_key_id = ASIAY34FZKBOKMUTVV7A"),
         ("ASIA is a continent", "AKIAIOSFODNN7EXAMPLEX is too long"),
@@ -524,14 +526,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "sendgrid-key",
-        r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}",
+        r"SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}",
         ("sg.",),
         ("SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG",),
         ("SG.1 is the first region",),
     ),
     Rule(
         "twilio-key",
-        r"\b(?:SK|AC)[0-9a-f]{32}\b",
+        r"(?:\b|[0-9a-z_])(?P<secret>(?:SK|AC)[0-9a-f]{32})(?:\b|[G-Zg-z_])",
         ("sk", "ac"),
         ("twilio SK0123456789abcdef0123456789abcdef", "AC0123456789abcdef0123456789abcdef"),
         ("SKU 12345",),
@@ -559,7 +561,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "discord-bot-token",
-        r"\b[MNO][A-Za-z0-9_\-]{23,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,40}\b",
+        r"(?:\b|[a-z0-9_])(?P<secret>[MNO][A-Za-z0-9_\-]{23,27}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,40})",
         (".",),
         ("MTE2NzA4OTk4NzY1NDMyMTAxMg.GxYz12.q8Zxw2rT9vB4nM1kLp0aZq8xW2rT9vB4",),
         ("N. is a name, not a token",),
@@ -614,8 +616,13 @@ RULES: tuple[Rule, ...] = (
         + quoted("secret_q")
         + "|"
         + YAML_BLOCK
+        # a value with a digit or symbol is a secret even glued to `(` or `[`; a
+        # word-like one followed by `(` or `[` is code: `getpass()`, `os.environ[...]`
         + r"|(?:\\*[\"'`])?(?P<secret_bare>(?:(?i:bearer|basic|digest|token)[ \t]+)?"
-        + LOOKS_SECRET
+        + MARKED
+        + r")"
+        + r"|(?:\\*[\"'`])?(?P<secret_word>(?:(?i:bearer|basic|digest|token)[ \t]+)?"
+        + WORDY
         + r")"
         + NOT_CODE
         + r"))"
@@ -629,7 +636,6 @@ RULES: tuple[Rule, ...] = (
         + r"(?:\\*[\"'`])?(?P<secret_loose>"
         + MIXED
         + r")"
-        + NOT_CODE
         # quoted header pairs of LSL and code: "X-Api-Key", "..."
         + r"|[\"'](?:"
         + ANY_NAME
