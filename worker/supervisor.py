@@ -136,8 +136,11 @@ class Supervisor:
         return True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: %s", signum, "stopping now" if self._stop.is_set() else "stopping")
+        # act, then log: a second signal can run this handler again inside the first
+        # one's logging call, and must find the first one's stop already made
+        again = self._stop.is_set()
         self.stop()
+        log.info("signal %s: %s", signum, "stopping now" if again else "stopping")
 
     # -- start --------------------------------------------------------------------------
 
