@@ -370,7 +370,7 @@ BENIGN = _repeat(
 
 def _seconds(text: str) -> float:
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):  # best of five: a shared machine's bursts hit single runs
         start = time.perf_counter()
         DEFAULT_REDACTOR.redact(text)
         best = min(best, time.perf_counter() - start)
