@@ -370,7 +370,7 @@ BENIGN = _repeat(
 
 def _seconds(text: str) -> float:
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):  # best of five: a shared machine's bursts hit single runs
         start = time.perf_counter()
         DEFAULT_REDACTOR.redact(text)
         best = min(best, time.perf_counter() - start)
@@ -446,3 +446,11 @@ def test_a_tool_named_like_a_secret_loses_its_bare_value(
     texts = [t.text for t in store.read_page(who, "im").turns]
     assert texts == ["[REDACTED:secret-assignment]", "not found"]
     assert DEFAULT_REDACTOR.redact_named("web.fetch", SECRET) == (SECRET, 0)
+
+
+@pytest.mark.parametrize("indent", ["\u202f\u3000", "\u00a0\u2009", "\u3000\u2003\u3000"])
+def test_unicode_space_indentation_before_an_llsd_uuid(indent: str) -> None:
+    """Regression (rx-tests 06:47): a newline then Unicode-space indentation before
+    `<uuid>` kept a session id once spaces were folded only next to visible ASCII."""
+    text = f"<key>secure_session_id</key>\n{indent}<uuid>{UUID}</uuid>"
+    assert gone(UUID, redact(text)[0])

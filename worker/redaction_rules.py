@@ -377,7 +377,7 @@ RULES: tuple[Rule, ...] = (
     # rules: `Cookie: a=b api_key = "..."`, a PEM block on the same line).
     Rule(
         "cookie-header",
-        r"(?i:\b(?:set-)?cookie)(?:\\*[\"'])?[ \t]*[:,][ \t]*(?:\\*[\"'])?"
+        r"(?i:(?:set-)?cookie)(?:\\*[\"'])?[ \t]*[:,][ \t]*(?:\\*[\"'])?"
         r"(?P<secret>" + COOKIE_PAIR + r"(?:[ \t]*;[ \t]*" + COOKIE_PAIR + r")*;?)",
         ("cookie",),
         (
@@ -633,9 +633,13 @@ RULES: tuple[Rule, ...] = (
         + r")"
         + NAME_END
         + ASSIGN
-        + r"(?:\\*[\"'`])?(?P<secret_loose>"
+        + r"(?:(?:\\*[\"'`])?(?P<secret_loose>"
         + MIXED
         + r")"
+        # or a YAML block scalar whose first line is such a value
+        + r"|[|>][+\-]?[ \t]*\r?\n(?P<secret_loose_yaml>[ \t]+"
+        + MIXED
+        + r"[^\r\n]*(?:\r?\n|\z)(?:[ \t]+[^\r\n]*(?:\r?\n|\z))*))"
         # quoted header pairs of LSL and code: "X-Api-Key", "..."
         + r"|[\"'](?:"
         + ANY_NAME
@@ -667,6 +671,7 @@ RULES: tuple[Rule, ...] = (
             "api key: q8Zxw2rT9vB4",
             "export password_prod=q8Zx%w2rT9vB4",
             "{'PrivateKey_old': 'q8Zxw2rT9vB4'}",
+            "private_key_prod: |\n  q8Zx*w2rT9vB4\nnext: 1",
         ),
         ("password is required", "the api key page", "token: ok", "key = llGetOwner"),
     ),
