@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import string
 import unicodedata
 import uuid
@@ -808,28 +809,65 @@ def _runs(text: str) -> set[str]:
     return {text[i : i + WINDOW] for i in range(len(text) - WINDOW + 1)}
 
 
+# A shorter piece of a secret is only counted right next to a redaction marker: what a
+# span mapped back from the normalized view one character short would leave.
+EDGE = 3
+_MARKER = re.compile(r"\[REDACTED:[^\]\s]*\]")
+
+
+Owners = list[tuple[str, str]]  # (family, secret)
+
+
+class _Pieces:
+    """Every piece of every secret of some cases, indexed for one pass over a text."""
+
+    def __init__(self, cases: list[Case]) -> None:
+        self.runs: dict[str, Owners] = {}
+        self.heads: dict[str, Owners] = {}
+        self.tails: dict[str, Owners] = {}
+        for case in cases:
+            for secret in case.secrets:
+                owner = (case.family, secret)
+                for i in range(len(secret) - WINDOW + 1):
+                    self.runs.setdefault(secret[i : i + WINDOW], []).append(owner)
+                for n in range(EDGE, WINDOW):
+                    self.heads.setdefault(secret[:n], []).append(owner)
+                    self.tails.setdefault(secret[-n:], []).append(owner)
+        self.found: dict[str, dict[str, list[str]]] = {}
+
+    def hit(self, piece: str, owners: Owners) -> None:
+        for family, secret in owners:
+            pieces = self.found.setdefault(family, {}).setdefault(secret, [])
+            if piece not in pieces:
+                pieces.append(piece)
+
+    def scan(self, haystack: str, ignored: set[str]) -> None:
+        for i in range(len(haystack) - WINDOW + 1):
+            run = haystack[i : i + WINDOW]
+            if run in self.runs and run not in ignored:
+                self.hit(run, self.runs[run])
+        for marker in _MARKER.finditer(haystack):
+            after = haystack[marker.end() : marker.end() + WINDOW - 1]
+            before = haystack[max(0, marker.start() - WINDOW + 1) : marker.start()]
+            for n in range(EDGE, WINDOW):
+                if len(after) >= n and after[:n] in self.tails:
+                    self.hit(marker.group() + after[:n], self.tails[after[:n]])
+                if len(before) >= n and before[-n:] in self.heads:
+                    self.hit(before[-n:] + marker.group(), self.heads[before[-n:]])
+
+
 def leaks_all(cases: list[Case], text: str, baseline: str = "") -> dict[str, dict[str, list[str]]]:
-    """Per family, every secret of `cases` with runs of WINDOW characters left in `text`
-    as stored or folded (`fold`), ignoring runs also in `baseline`.
+    """Per family, every secret of `cases` with pieces left in `text`, as stored or folded
+    (`fold`): any run of WINDOW of its characters (unless also in `baseline`), or its
+    first or last EDGE to WINDOW - 1 characters against a `[REDACTED:...]` marker.
 
     One pass over the text for all cases: the wire of a whole corpus is megabytes.
     """
-    wanted: dict[str, list[tuple[str, str]]] = {}
-    for case in cases:
-        for secret in case.secrets:
-            for i in range(len(secret) - WINDOW + 1):
-                wanted.setdefault(secret[i : i + WINDOW], []).append((case.family, secret))
+    pieces = _Pieces(cases)
     ignored = (_runs(baseline) | _runs(fold(baseline))) if baseline else set()
-    found: dict[str, dict[str, list[str]]] = {}
     for haystack in (text, fold(text)):
-        for i in range(len(haystack) - WINDOW + 1):
-            run = haystack[i : i + WINDOW]
-            if run in wanted and run not in ignored:
-                for family, secret in wanted[run]:
-                    runs = found.setdefault(family, {}).setdefault(secret, [])
-                    if run not in runs:
-                        runs.append(run)
-    return found
+        pieces.scan(haystack, ignored)
+    return pieces.found
 
 
 def leaks(case: Case, text: str, baseline: str = "") -> dict[str, list[str]]:

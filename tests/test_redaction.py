@@ -295,6 +295,17 @@ COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
     pasted(instance("api-key-header", 1), instance("openssh", 2)),
     pasted(instance("api-key-header", 1, "zero-width"), instance("pgp", 2, "zero-width")),
     pasted(instance("cookie", 1, "full-width"), instance("putty", 2, "full-width"), sep="; "),
+    # a YAML block scalar after a suffixed name (explore run 3)
+    pasted(instance("assignment", 1341)),
+    pasted(instance("assignment", 9_759_876_338_333, "zero-width+spaces")),
+    # Unicode spaces indenting an LLSD <uuid> on the next line (engine aa77c7a)
+    pasted(
+        Case(
+            "grid-session",
+            "<key>secure_session_id</key>\n\u202f\u3000<uuid>0cb18382-a42e-4f15-82cc-4ceba01a5e4d</uuid>",
+            ("0cb18382-a42e-4f15-82cc-4ceba01a5e4d",),
+        )
+    ),
     # @@COUNTEREXAMPLES@@
 ]
 
