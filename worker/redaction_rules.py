@@ -633,7 +633,7 @@ RULES: tuple[Rule, ...] = (
         + r")"
         + NAME_END
         + ASSIGN
-        + r"(?:(?:\\*[\"'`])?(?P<secret_loose>"
+        + r"(?:(?:\\*[\"'`]){0,3}(?P<secret_loose>"
         + MIXED
         + r")"
         # or a YAML block scalar whose first line is such a value
@@ -672,6 +672,7 @@ RULES: tuple[Rule, ...] = (
             "export password_prod=q8Zx%w2rT9vB4",
             "{'PrivateKey_old': 'q8Zxw2rT9vB4'}",
             "private_key_prod: |\n  q8Zx*w2rT9vB4\nnext: 1",
+            'token_old = """q8Zx%w2rT9vB4"""',
         ),
         ("password is required", "the api key page", "token: ok", "key = llGetOwner"),
     ),
