@@ -103,21 +103,18 @@ def _change_entries() -> tuple[str, ...]:
     """RE2 set entries, one per changed character, that match where the view changes
     the text in a way a rule could see. A foldable letter or digit matches anywhere
     (a full-width token among CJK text); a format character, a Unicode space or
-    foldable punctuation only next to ASCII, a format character or a foldable
-    letter or digit (a Unicode space also next to another one). So an emoji's zero-width
+    foldable punctuation only next to ASCII or another changed character. So an emoji's zero-width
     joiner (between two emoji) and a CJK full-width comma (between two ideographs)
     match none, and honest non-Latin text keeps the one-scan path."""
-    alnum = [cp for cp in _FOLD_POINTS if str(_TABLE[cp]).isalnum()]
-    spaces = [cp for cp in _FOLD_POINTS if _TABLE[cp] == " "]
-    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum)) + "]"
-    # a space also counts next to another Unicode space (an indentation run)
-    near_space = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum + spaces)) + "]"
+    # every changed character counts as a neighbour: a chain of them (spaces,
+    # format characters, full-width punctuation) is folded whole once one of its
+    # characters touches ASCII
+    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
         char = re2.escape(sequence.decode("utf-8"))
-        around = near_space if folded == " " else near
-        entries.append(char if folded.isalnum() else f"{around}{char}|{char}{around}")
+        entries.append(char if folded.isalnum() else f"{near}{char}|{char}{near}")
     return tuple(entries)
 
 

@@ -64,7 +64,7 @@ NOT_CODE = r"(?:[^(\[\w.]|\z)"
 # prefixes and suffixes around it are allowed by NAME).
 _SECRET_WORDS = (
     r"pass(?:word|wd|phrase|code)|pwd|secret|token|credentials?|"
-    r"api[ _\-]?key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|account[_\-]?key|"
+    r"api[ _\-]{0,3}key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|account[_\-]?key|"
     r"shared[_\-]?access[_\-]?key|master[_\-]?key|signing[_\-]?key|encryption[_\-]?key|"
     r"auth[_\-]?key|app[_\-]?key|client[_\-]?key|license[_\-]?key|subscription[_\-]?key|"
     r"sas[_\-]?key|webhook[_\-]?secret"
