@@ -298,6 +298,10 @@ COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
     # a YAML block scalar after a suffixed name (explore run 3)
     pasted(instance("assignment", 1341)),
     pasted(instance("assignment", 9_759_876_338_333, "zero-width+spaces")),
+    # a triple-quoted value after a suffixed name (explore run 4, engine ed36c03)
+    pasted(instance("assignment", 365, "full-width")),
+    # an XML element named with a suffixed secret name (full suite, dev profile, engine a82e25c)
+    pasted(instance("assignment", 258_730_477, "full-width")),
     # Unicode spaces indenting an LLSD <uuid> on the next line (engine aa77c7a)
     pasted(
         Case(

@@ -236,10 +236,13 @@ def test_text_around_a_secret_is_kept_byte_for_byte() -> None:
 def test_emoji_and_non_latin_text_skip_the_view() -> None:
     for text in (
         "👨\u200d👩\u200d👧 and 🏳\ufe0f\u200d🌈",
-        "砂場はどこですか\uff1f\u3000パスワードは教えません。",
+        "砂場はどこですか\uff1fパスワードは教えません。",
     ):
         assert normalize(text) == text
         assert redact(text) == (text, 0)
+    # a full-width question mark next to an ideographic space: both folded in the view
+    cjk = "砂場はどこですか\uff1f\u3000パスワードは教えません。"
+    assert normalize(cjk) != cjk and redact(cjk) == (cjk, 0)
     french = "Il a dit\u00a0: «\u00a0bonjour\u00a0»"  # NBSP next to ASCII: a space in the view
     assert normalize(french) == "Il a dit : « bonjour »"
     assert redact(french) == (french, 0)
@@ -370,7 +373,7 @@ BENIGN = _repeat(
 
 def _seconds(text: str) -> float:
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):  # best of five: a shared machine's bursts hit single runs
         start = time.perf_counter()
         DEFAULT_REDACTOR.redact(text)
         best = min(best, time.perf_counter() - start)
@@ -446,3 +449,27 @@ def test_a_tool_named_like_a_secret_loses_its_bare_value(
     texts = [t.text for t in store.read_page(who, "im").turns]
     assert texts == ["[REDACTED:secret-assignment]", "not found"]
     assert DEFAULT_REDACTOR.redact_named("web.fetch", SECRET) == (SECRET, 0)
+
+
+@pytest.mark.parametrize("indent", ["\u202f\u3000", "\u00a0\u2009", "\u3000\u2003\u3000"])
+def test_unicode_space_indentation_before_an_llsd_uuid(indent: str) -> None:
+    """Regression (rx-tests 06:47): a newline then Unicode-space indentation before
+    `<uuid>` kept a session id once spaces were folded only next to visible ASCII."""
+    text = f"<key>secure_session_id</key>\n{indent}<uuid>{UUID}</uuid>"
+    assert gone(UUID, redact(text)[0])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"API\u200a\u205fKey: {SECRET}",
+        f"authorization: Basic\u1680\u2060\u2003{SECRET}",
+        f"session_id\u202f\u034f\u2002{UUID}",
+        f"-----\u3000\u200b\u2002BEGIN RSA PRIVATE KEY-----\n{SECRET}",
+    ],
+)
+def test_invisible_characters_between_unicode_spaces(text: str) -> None:
+    """Regression (rx-tests): a format character between two Unicode spaces stayed in
+    the view and broke the separator."""
+    secret = UUID if UUID in text else SECRET
+    assert gone(secret, redact(text)[0])

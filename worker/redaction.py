@@ -103,12 +103,13 @@ def _change_entries() -> tuple[str, ...]:
     """RE2 set entries, one per changed character, that match where the view changes
     the text in a way a rule could see. A foldable letter or digit matches anywhere
     (a full-width token among CJK text); a format character, a Unicode space or
-    foldable punctuation only next to visible ASCII, a format character or a
-    foldable letter or digit. So an emoji's zero-width
+    foldable punctuation only next to ASCII or another changed character. So an emoji's zero-width
     joiner (between two emoji) and a CJK full-width comma (between two ideographs)
     match none, and honest non-Latin text keeps the one-scan path."""
-    alnum = [cp for cp in _FOLD_POINTS if str(_TABLE[cp]).isalnum()]
-    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + alnum)) + "]"
+    # every changed character counts as a neighbour: a chain of them (spaces,
+    # format characters, full-width punctuation) is folded whole once one of its
+    # characters touches ASCII
+    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
@@ -284,6 +285,15 @@ def _alternation(rules: tuple[Rule, ...], *, capture: bool) -> Any:
     return _compile("|".join(parts))
 
 
+def _single_groups(rule: Rule) -> tuple[Any, tuple[int, ...]]:
+    """One rule's pattern with its secret groups, and the numbers of those groups."""
+    single = _alternation((rule,), capture=True)
+    names = {
+        (k.decode() if isinstance(k, bytes) else k): v for k, v in single.NamedCapturingGroups()
+    }
+    return single, tuple(v for k, v in sorted(names.items()) if k.startswith("v0_"))
+
+
 def _marker(rule: Rule) -> bytes:
     return f"[REDACTED:{rule.id}]".encode("ascii")
 
@@ -306,6 +316,14 @@ class _Plan:
             for i in range(len(rules))
         )
         self.singles = tuple(_alternation((rule,), capture=False) for rule in rules)
+        # Which rule matched: an RE2 set anchored at the match's start (its DFA is
+        # cheap); then only that rule's own pattern is run with capture groups. The
+        # groups of the whole alternation cost ~30 us a match once many rules wake.
+        self.which = re2.Set.MatchSet(_options())
+        for rule in rules:
+            self.which.Add(_SECRET_GROUP.sub("(?:", rule.pattern))
+        self.which.Compile()
+        self.single_groups = tuple(_single_groups(rule) for rule in rules)
 
     def finditer(self, data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
         """(rule position, match start, match end, secret start, secret end) per match.
@@ -353,9 +371,28 @@ class _Plan:
             pos = m_start + 1 if m_end >= end else max(m_end, m_start + 1)
         return None
 
+    def _locate_by_rule(self, data: bytes, start: int, end: int) -> tuple[int, int, int] | None:
+        """`_locate` through the set of rules and one rule's groups, or None."""
+        hits = self.which.Match(data[start:end])
+        if not hits:
+            return None
+        i = min(hits)
+        single, secrets = self.single_groups[i]
+        found: Spans = single.Match(_ANCHOR_START, data, start, end)
+        if found[0] != (start, end):
+            return None
+        for group in secrets:
+            if found[group][0] >= 0:
+                return i, *found[group]
+        return i, start, end
+
     def _locate(self, data: bytes, start: int, end: int) -> tuple[int, int, int]:
         """(rule position, secret start, secret end) of the match data[start:end]."""
         if end - start <= SMALL_MATCH:
+            located = self._locate_by_rule(data, start, end)
+            if located is not None:
+                return located
+            # the slice alone read differently (a word boundary at its end): all rules
             spans: Spans = self.groups.Match(_ANCHOR_START, data, start, end)
             if spans[0] == (start, end):
                 for i, (whole, secrets) in enumerate(self.rule_groups):

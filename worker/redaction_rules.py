@@ -64,7 +64,7 @@ NOT_CODE = r"(?:[^(\[\w.]|\z)"
 # prefixes and suffixes around it are allowed by NAME).
 _SECRET_WORDS = (
     r"pass(?:word|wd|phrase|code)|pwd|secret|token|credentials?|"
-    r"api[ _\-]?key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|account[_\-]?key|"
+    r"api[ _\-]{0,3}key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|account[_\-]?key|"
     r"shared[_\-]?access[_\-]?key|master[_\-]?key|signing[_\-]?key|encryption[_\-]?key|"
     r"auth[_\-]?key|app[_\-]?key|client[_\-]?key|license[_\-]?key|subscription[_\-]?key|"
     r"sas[_\-]?key|webhook[_\-]?secret"
@@ -633,7 +633,7 @@ RULES: tuple[Rule, ...] = (
         + r")"
         + NAME_END
         + ASSIGN
-        + r"(?:(?:\\*[\"'`])?(?P<secret_loose>"
+        + r"(?:(?:\\*[\"'`]){0,3}(?P<secret_loose>"
         + MIXED
         + r")"
         # or a YAML block scalar whose first line is such a value
@@ -672,6 +672,7 @@ RULES: tuple[Rule, ...] = (
             "export password_prod=q8Zx%w2rT9vB4",
             "{'PrivateKey_old': 'q8Zxw2rT9vB4'}",
             "private_key_prod: |\n  q8Zx*w2rT9vB4\nnext: 1",
+            'token_old = """q8Zx%w2rT9vB4"""',
         ),
         ("password is required", "the api key page", "token: ok", "key = llGetOwner"),
     ),
