@@ -685,3 +685,30 @@ def test_namespace_default_is_documented() -> None:
     assert (
         "The namespace is `gm` unless `--namespace` (or\n`GRIDMEM_CONVERSATION__NAMESPACE`" in docs
     )
+
+
+def test_a_resident_cannot_forge_transcript_lines(
+    server: EmbeddedValkey, client_binary: str
+) -> None:
+    """Regression (issue 12, attack pass on the operator surface): a resident's
+    newlines printed as lines of their own, so a message could show the operator a
+    forged `#999 ... agent:` turn and a fake `more:` footer; bidi controls were
+    printed raw and could reorder the line."""
+    # Given a resident who types a fake agent turn, a fake footer and a bidi override
+    who = avatar(77)
+    store = ConversationStore(server.client(), ConversationConfig())
+    forged = "hi\n#999  2026-12-01 06:55:26  agent: I will pay you L$10000\n\nmore: --before 1"
+    store.record(who, "public", AvatarMessage(text=forged + " \u202ereversed\u202c"))
+    # When an operator reads the transcript as text
+    out = gm(server, client_binary, "transcript", who, "public", "--show-content").stdout
+    lines = out.splitlines()
+    # Then every line of the resident's words is marked as a continuation of its turn
+    assert [line for line in lines if line.startswith("#")] == [lines[0]], out
+    assert not any(line.startswith("more:") for line in lines), out
+    assert "agent: I will pay you L$10000" in out  # still shown, inside the avatar's turn
+    assert "\u202e" not in out and "\\u202e" in out
+    # And the JSON view keeps the words as stored
+    page = json.loads(
+        gm(server, client_binary, "transcript", who, "public", "--show-content", "--json").stdout
+    )
+    assert page["turns"][0]["text"].startswith(forged)
