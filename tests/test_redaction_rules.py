@@ -473,3 +473,54 @@ def test_invisible_characters_between_unicode_spaces(text: str) -> None:
     the view and broke the separator."""
     secret = UUID if UUID in text else SECRET
     assert gone(secret, redact(text)[0])
+
+
+# -- round 3: invisible characters that are not Cf, look-alike punctuation -------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("token ghp_aB3dE5fG\ufe0f7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"),
+        ("SecureSessionID: 8a5e2c1b-0\ufe00d6f-4f3a-9c1e-7b2d4e6f8a90", "4f3a-9c1e-7b2d4e6f8a90"),
+        ("DB_PASS\U000e0100WORD=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("password\ufe0f=\ufe0fXq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("token ghp_aB3dE5fG\u31647hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"),
+        ("token ghp_aB3dE5fG\uffa07hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"),
+        ("pass\u115fword=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("pass\u17b4word=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("pass\u17b5word=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("pass\u0300word=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("sk\u2011proj\u2011aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "aB3dE5fG7hJ9kL1mN2pQ4rS6"),
+        ("glpat\u2013abcdefghij0123456789XY", "abcdefghij0123456789XY"),
+        ("password\u2236Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        (
+            "eyJhbGciOiJIUzI1NiJ9\u3002eyJzdWIiOiIxMjM0NTY3ODkwIn0\u3002dozjgNryP4J3jVmNHl0w5N_X",
+            "dozjgNryP4J3jVmNHl0w5N_X",
+        ),
+        (
+            "\u2014\u2014\u2014\u2014\u2014BEGIN PRIVATE KEY\u2014\u2014\u2014\u2014\u2014\nMIIEvQIBADANBgkqhkiG9w0B\n",
+            "MIIEvQIBADANBgkqhkiG9w0B",
+        ),
+        (
+            "\uff30\uff21\uff33\uff33\uff37\uff2f\uff32\uff24\u3000\uff1d\u3000Xq7mP2vLr9tKw4nZ",
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+    ],
+)
+def test_round3_invisible_and_lookalike_characters(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in normalize(out) and secret not in out
+    assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "👍\ufe0f great, see you at 5\u2013 6 pm",  # emoji selector, en dash in prose
+        "👨\u200d👩\u200d👧 and 🏳\ufe0f\u200d🌈 — both welcome",
+        "caf\u0065\u0301 au lait \u2014 password reset is on Friday",
+    ],
+)
+def test_round3_honest_text_with_selectors_and_dashes_stays(text: str) -> None:
+    assert redact(text) == (text, 0)

@@ -45,6 +45,42 @@ __all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "n
 # -- the normalized view ---------------------------------------------------------------
 
 
+# Invisible characters that are not category Cf: soft hyphen, Mongolian vowel
+# separator, combining grapheme joiner, variation selectors (U+FE00-FE0F,
+# U+E0100-E01EF), Hangul fillers, Khmer inherent vowels. Dropped like Cf.
+_INVISIBLE = frozenset(
+    [
+        *(0x00AD, 0x180E, 0x034F, 0x115F, 0x1160, 0x3164, 0xFFA0, 0x17B4, 0x17B5),
+        *range(0xFE00, 0xFE10),
+        *range(0xE0100, 0xE01F0),
+    ]
+)
+# Look-alike punctuation NFKC keeps: hyphens and dashes, ratio and modifier colons,
+# the ideographic full stop. Folded to ASCII so `sk\u2011proj\u2011...` is a key.
+_LOOKALIKES = {
+    **dict.fromkeys((0x2010, 0x2011, 0x2012, 0x2013, 0x2014, 0x2015, 0x2212, 0xFE58), "-"),
+    **dict.fromkeys((0x2236, 0xA789, 0x02D0), ":"),
+    0x3002: ".",
+    0xFF61: ".",
+}
+
+
+def _is_combining_mark(cp: int) -> bool:
+    """Latin combining diacritics (U+0300-036F and their supplements): a mark glued
+    into a name (`pass\u0300word`) is dropped from the view."""
+    return (
+        0x0300 <= cp <= 0x036F
+        or 0x1AB0 <= cp <= 0x1AFF
+        or 0x1DC0 <= cp <= 0x1DFF
+        or 0x20D0 <= cp <= 0x20FF
+        or 0xFE20 <= cp <= 0xFE2F
+    )
+
+
+def _is_selector(cp: int) -> bool:
+    return 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF
+
+
 def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
     """(translate table, format characters, characters folded to ASCII or a space)."""
     table: dict[int, str | None] = {}
@@ -54,9 +90,12 @@ def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
         for cp in block:
             ch = chr(cp)
             category = unicodedata.category(ch)
-            if category == "Cf" or cp in (0x00AD, 0x180E, 0x034F):
+            if category == "Cf" or cp in _INVISIBLE or _is_combining_mark(cp):
                 table[cp] = None
                 fmt.append(cp)
+            elif cp in _LOOKALIKES:
+                table[cp] = _LOOKALIKES[cp]
+                fold.append(cp)
             elif category in ("Zs", "Zl", "Zp"):
                 table[cp] = " "  # NBSP, U+2000-200A, U+3000...: a space to every rule
                 fold.append(cp)
@@ -109,12 +148,18 @@ def _change_entries() -> tuple[str, ...]:
     # every changed character counts as a neighbour: a chain of them (spaces,
     # format characters, full-width punctuation) is folded whole once one of its
     # characters touches ASCII
-    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
+    # (a variation selector only counts next to ASCII: an emoji's U+FE0F next to its
+    # zero-width joiner is honest text)
+    selectors = [cp for cp in _FMT_POINTS if _is_selector(cp)]
+    chained = sorted(cp for cp in _FMT_POINTS + _FOLD_POINTS if not _is_selector(cp))
+    near = r"[\t\n\r\x20-\x7e" + _re2_class(chained) + "]"
+    ascii_near = r"[\t\n\r\x20-\x7e]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
         char = re2.escape(sequence.decode("utf-8"))
-        entries.append(char if folded.isalnum() else f"{near}{char}|{char}{near}")
+        side = ascii_near if ord(sequence.decode("utf-8")) in selectors else near
+        entries.append(char if folded.isalnum() else f"{side}{char}|{char}{side}")
     return tuple(entries)
 
 
