@@ -524,3 +524,89 @@ def test_round3_invisible_and_lookalike_characters(text: str, secret: str) -> No
 )
 def test_round3_honest_text_with_selectors_and_dashes_stays(text: str) -> None:
     assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "string token = llList2String(tokens, 0);",
+        "tokens = llList2List(tokens, 1, -1);",
+        "string password = llList2String(parts, 1);",
+        "string pwd = llMD5String(input, 0);",
+        "string secret = llBase64ToString(data);",
+        "for (i = 0; i < llGetListLength(tokens); ++i) { string token = llList2String(tokens, i); }",
+        "tokens: 250L$",
+        "5 tokens: 100L$",
+        "tokens: +10/day",
+        "tokenizer: bpe-32k",
+        "token_limit: 8k",
+        "secret: top-secret",
+        "password: required",
+        "password: ********",
+        "password=$DB_PASSWORD",
+        "password=${DB_PASSWORD}",
+        "Authorization: pending",
+        "Authorization: pending review",
+        "https://shop.example.org/?code=promo2024",
+        "https://h/?session=2&token=0",
+        "season pass: 2024",
+        "bypass: abc123x",
+        "AUTH required for this command",
+    ],
+)
+def test_round3_honest_values_stay_byte_for_byte(text: str) -> None:
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # real-looking values next to the false-positive shapes still go
+        ("password: 12345678", "12345678"),
+        ("password=$3cr3t!Val9", "3cr3t!Val9"),
+        ("Token: Gold-Coin-01", "Gold-Coin-01"),
+        (
+            "https://app.example.org/cb?code=4/0AX4XfWh8q8Zxw2rT9vB4nM1k",
+            "0AX4XfWh8q8Zxw2rT9vB4nM1k",
+        ),
+        # short secret names
+        ("auth=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('{"user": "bob", "pass": "Xq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ("pw=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("passwd: Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("REDIS_AUTH=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("ADMIN_PASS: Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("session_key=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('consumer_key = "Xq7mP2vLr9tKw4nZ"', "Xq7mP2vLr9tKw4nZ"),
+        ("requirepass Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("AUTH Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("redis-cli -h cache -a Xq7mP2vLr9tKw4nZ ping", "Xq7mP2vLr9tKw4nZ"),
+        ("user=bob&pass=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("https://h/x?pass=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("my pw: CorrectHorse9Battery", "CorrectHorse9Battery"),
+        ("'X-Api-Key' => 'Xq7mP2vLr9tKw4nZ',", "Xq7mP2vLr9tKw4nZ"),
+        ('password := "Xq7mP2vLr9tKw4nZ"', "Xq7mP2vLr9tKw4nZ"),
+        ("machine api.example.org login bob password Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        # Authorization: any scheme word
+        ("Authorization: Bot Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('{"Authorization": "Bot Xq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ("Authorization: SharedKey acct:Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("Authorization: JWT Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("Authorization: Key Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        (
+            'Authorization: OAuth oauth_consumer_key="ck", oauth_signature="Xq7mP2vLr9tKw4nZ"',
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        (
+            "Authorization: AWS4-HMAC-SHA256 Credential=AKID/20240101/us-east-1/s3/aws4_request, "
+            "SignedHeaders=host, Signature=Xq7mP2vLr9tKw4nZ",
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        ("'Authorization' => 'Basic Ym9iOmh1bnRlcjIyMjI='", "Ym9iOmh1bnRlcjIyMjI"),
+        ('authorization := "Basic Ym9iOmh1bnRlcjIyMjI="', "Ym9iOmh1bnRlcjIyMjI"),
+    ],
+)
+def test_round3_secrets_go(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and secret not in normalize(out)
+    assert redact(out)[0] == out

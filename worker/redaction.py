@@ -343,6 +343,37 @@ def _marker(rule: Rule) -> bytes:
     return f"[REDACTED:{rule.id}]".encode("ascii")
 
 
+# Values after a secret name that are not secrets (docs/redaction.md, "Value shapes"):
+# placeholders and states, masks, variable references, L$ amounts and rates, sizes.
+_HONEST_VALUE = re.compile(
+    rb"(?i:required|optional|pending|none|null|nil|empty|unset|hidden|redacted|masked|"
+    rb"top-secret|n/a|tbd|todo|unknown|invalid|expired|missing|granted|denied|revoked|"
+    rb"approved|rejected|disabled|enabled)"
+    rb"|(?:\*|\xe2\x80\xa2)+|x{3,}|X{3,}"  # a mask
+    rb"|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|%[A-Za-z_][A-Za-z0-9_]*%"  # $DB_PASSWORD, ${X}, %X%
+    rb"|[+\-]\d[\d,.]*(?:L\$)?(?:/[A-Za-z]+)?|L\$\d[\d,.]*|\d[\d,.]*L\$(?:/[A-Za-z]+)?"
+    rb"|\d[\d,.]*/(?i:day|week|month|year|hour|min|h|d)|\d{1,3}"  # 250L$, +10/day, 0
+    rb"|\d+[kKmM]"  # a size: 8k, 32k
+)
+# An identifier right before `(` is a call: llList2String(...), llMD5String(...).
+_IDENTIFIER = re.compile(rb"[A-Za-z_$][A-Za-z0-9_.$]*")
+# A name describing tokens rather than holding one: tokenizer, token_limit, max_tokens.
+_COUNTING_NAME = re.compile(
+    rb"(?i)tokeni[sz]|tokens?_?(?:limit|count|budget|usage|type|per)|max_?tokens"
+)
+_VETOABLE = frozenset(("secret-assignment", "url-token-param"))
+
+
+def _honest_value(norm: bytes, m_start: int, v_start: int, v_end: int) -> bool:
+    """True when a generic rule's value is honest text (pinned by tests)."""
+    value = norm[v_start:v_end]
+    if _HONEST_VALUE.fullmatch(value):
+        return True
+    if norm[v_end : v_end + 1] == b"(" and _IDENTIFIER.fullmatch(value):
+        return True
+    return _COUNTING_NAME.search(norm, m_start, v_start) is not None
+
+
 class _Plan:
     """Compiled matchers for one set of active rules."""
 
@@ -369,6 +400,7 @@ class _Plan:
             self.which.Add(_SECRET_GROUP.sub("(?:", rule.pattern))
         self.which.Compile()
         self.single_groups = tuple(_single_groups(rule) for rule in rules)
+        self.vetoable = tuple(rule.id in _VETOABLE for rule in rules)
 
     def finditer(self, data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
         """(rule position, match start, match end, secret start, secret end) per match.
@@ -536,7 +568,9 @@ class Redactor:
         budget = MATCH_BUDGET_BASE + len(data) // MATCH_BUDGET_BYTES
         out: list[tuple[int, int, int]] = []
         done = 0
-        for rule, _, _, v_start, v_end in plan.finditer(norm):
+        for rule, m_start, _, v_start, v_end in plan.finditer(norm):
+            if plan.vetoable[rule] and _honest_value(norm, m_start, v_start, v_end):
+                continue
             if mapped:
                 view.build_map()
                 s_start, s_end = view.start(v_start), view.end(v_end)

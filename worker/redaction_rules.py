@@ -67,7 +67,7 @@ _SECRET_WORDS = (
     r"api[ _\-]{0,3}key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|account[_\-]?key|"
     r"shared[_\-]?access[_\-]?key|master[_\-]?key|signing[_\-]?key|encryption[_\-]?key|"
     r"auth[_\-]?key|app[_\-]?key|client[_\-]?key|license[_\-]?key|subscription[_\-]?key|"
-    r"sas[_\-]?key|webhook[_\-]?secret"
+    r"sas[_\-]?key|webhook[_\-]?secret|session[_\-]?key|consumer[_\-]?key"
 )
 # A name around a secret word: prefix (`DB_`, `aws_session_`, `db`, `client`), the
 # word, and only suffixes that keep it a secret (`1`, `_value`, `B64`):
@@ -78,6 +78,13 @@ NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS}){_SUFFIX}"
 # these the value itself must look machine-made (MIXED), since `token_name`,
 # `password_hint` and `max_tokens` name things about a secret.
 LOOSE_NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS})[A-Za-z0-9_.\-]+"
+# Short secret words (`auth`, `pass`, `pw`, `passwd`): a whole word or after a
+# separator (`REDIS_AUTH`, `ADMIN_PASS`, `db.pw`), never inside a word (`bypass`,
+# `compass`); their value must look machine-made like LOOSE_NAME's (`season pass: 2024`).
+SHORT_NAME = (
+    r"\b(?:[A-Za-z0-9.\-]*[_.\-])?(?i:auth|pass|pw|passwd|rootpw|requirepass|masterauth)"
+    r"(?:[_\-.]?\d+)?\b"
+)
 # An upper-case environment name ending in _KEY: OPENAI_KEY, STRIPE_KEY.
 ENV_KEY = r"(?-i:[A-Z][A-Z0-9_]*_KEY[0-9]*)"
 ANY_NAME = rf"(?:{ENV_KEY}|{NAME})"
@@ -114,6 +121,11 @@ _OPEN_TAIL = (
     + _ARMOUR_END
     + r"|(?s:.)*)"
 )
+
+
+# One credential after an Authorization scheme: `k="v"` (OAuth) or a token with a
+# digit or symbol in it (`Authorization: pending review` is prose).
+_AUTH_CRED = r"(?:[A-Za-z0-9_\-]+=\\*\"[^\"\\\n]*\\*\"|[^\s\"'\\,;]*[0-9+/=:~_\-.][^\s\"'\\,;]*)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,9 +336,11 @@ RULES: tuple[Rule, ...] = (
         "url-token-param",
         r"[?&;](?i:access_token|refresh_token|id_token|auth_token|token|api_key|apikey|key|"
         r"client_secret|secret|password|passwd|pwd|sig|signature|x-amz-signature|"
-        r"x-amz-credential|x-amz-security-token|auth|session|sessionid|session_id|code|"
+        r"x-amz-credential|x-amz-security-token|auth|session|sessionid|session_id|"
         r"[a-z0-9_.\-]*(?:token|secret|password|api_?key))"
-        r"=(?P<secret>[^&\s#\"'<>\[\]]+)",
+        r"=(?P<secret>[^&\s#\"'<>\[\]]+)"
+        # an OAuth `code` is long and random; `?code=promo2024` is a coupon
+        r"|[?&;](?i:code)=(?P<secret_code>[^&\s#\"'<>\[\]]{16,})",
         ("=",),
         (
             "https://api.example.com/v1/items?token=abc123def456&page=2",
@@ -355,8 +369,16 @@ RULES: tuple[Rule, ...] = (
     # `[HTTP_CUSTOM_HEADER, "Authorization", "Bearer ..."]`.
     Rule(
         "authorization-header",
-        r"(?i:\b(?:proxy-)?authorization)(?:\\*[\"'])?[ \t]*[:=,][ \t]*(?:\\*[\"'])?"
-        r"(?P<secret>(?:(?i:bearer|basic|token|digest|negotiate|apikey|sso-key)[ \t]+)?[^\s\"'\\,;]+)",
+        r"(?i:\b(?:proxy-)?authorization)(?:\\*[\"'])?[ \t]*(?::=|=>|[:=,])[ \t]*(?:\\*[\"'])?"
+        # any scheme word (Bot, SharedKey, JWT, AWS4-HMAC-SHA256...) and the credential
+        # after it, with its `, k=v` parameters; or a lone credential that looks made
+        r"(?P<secret>[A-Za-z][A-Za-z0-9_\-]*[ \t]+"
+        + _AUTH_CRED
+        + r"(?:,[ \t]*"
+        + _AUTH_CRED
+        + r")*"
+        r"|(?i:bearer|basic|token|digest|negotiate|apikey|sso-key)[ \t]+[^\s\"'\\,;]+"
+        r"|" + MIXED + r")",
         ("authorization",),
         (
             "Authorization: Basic Ym9iOmh1bnRlcjI=",
@@ -365,6 +387,26 @@ RULES: tuple[Rule, ...] = (
             '{"Authorization": "Bearer q8Zxw2rT9vB4nM1k"}',
         ),
         ("authorization is needed for that parcel",),
+    ),
+    # Redis and .netrc: `requirepass <pw>`, `AUTH <pw>`, `redis-cli -a <pw>`,
+    # `machine h login bob password <pw>`.
+    Rule(
+        "redis-auth",
+        r"(?:(?i:\brequirepass|\bmasterauth)[ \t]+(?P<secret>" + VALUE + r"+)"
+        r"|(?:^|[\s\"'`>])(?-i:AUTH|auth)[ \t]+(?:[A-Za-z0-9_\-]+[ \t]+)?(?P<secret_auth>"
+        + MIXED
+        + r")"
+        r"|(?i:redis-cli)[^\n]*?[ \t]-a[ \t]+(?P<secret_cli>" + VALUE + r"+)"
+        r"|(?i:\blogin)[ \t]+\S+[ \t]+(?i:password)[ \t]+(?P<secret_netrc>" + VALUE + r"+))",
+        ("requirepass", "masterauth", "auth", "redis-cli", "login"),
+        (
+            "requirepass q8Zxw2rT9vB4",
+            "AUTH q8Zxw2rT9vB4",
+            "AUTH default q8Zxw2rT9vB4",
+            "redis-cli -h cache -a q8Zxw2rT9vB4 ping",
+            "machine api.example.org login bob password q8Zxw2rT9vB4",
+        ),
+        ("AUTH required for this command", "login with your password first"),
     ),
     Rule(
         "bearer-token",
@@ -391,9 +433,9 @@ RULES: tuple[Rule, ...] = (
         "credential-header",
         r"(?i:\b(?:x-api-key|api-key|x-auth-token|x-access-token|private-token|x-goog-api-key|"
         r"x-token|x-vault-token|x-functions-key|ocp-apim-subscription-key|x-api-token|"
-        r"x-gitlab-token|x-github-token|x-hub-signature(?:-256)?|x-secret|x-session-token))"
-        r"(?:\\*[\"'])?[ \t]*[:=,][ \t]*(?:\\*[\"'])?"
-        r"(?P<secret>(?:(?i:bearer|basic|token)[ \t]+)?[^\s\"'\\,;\[\]]+)",
+        r"x-gitlab-token|x-github-token|x-hub-signature(?:-256)?|x-secret|x-session-token|x-auth))"
+        r"(?:\\*[\"'])?[ \t]*(?::=|=>|[:=,])[ \t]*(?:\\*[\"'])?"
+        r"(?P<secret>(?:(?i:bearer|basic|token)[ \t]+)?[^\s\"'\\,;\[\]>][^\s\"'\\,;\[\]]*)",
         ("key", "token", "secret", "signature"),
         (
             "curl -H 'X-Api-Key: 8f14e45fceea167a5a36dedd4bea2543' https://api.example.org",
@@ -630,6 +672,8 @@ RULES: tuple[Rule, ...] = (
         # machine-made, letters with digits or symbols, quoted or not
         + r"|(?:"
         + LOOSE_NAME
+        + "|"
+        + SHORT_NAME
         + r")"
         + NAME_END
         + ASSIGN
@@ -645,7 +689,7 @@ RULES: tuple[Rule, ...] = (
         + ANY_NAME
         + r")[\"'][ \t]*,[ \t]*"
         + quoted("secret_pair"),
-        ("pass", "pwd", "secret", "key", "token", "credential"),
+        ("pass", "pwd", "secret", "key", "token", "credential", "auth", "pw"),
         (
             "password=hunter2",
             "auth_token: Basic dXNlcjpwYXNzd29yZA==",
