@@ -610,3 +610,40 @@ def test_round3_secrets_go(text: str, secret: str) -> None:
     out = redact(text)[0]
     assert secret not in out and secret not in normalize(out)
     assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    ("tool", "summary", "stays"),
+    [
+        ("SecureSessionID", "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "not set"),
+        ("session_id", "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "not set"),
+        ("Authorization", "Bot Xq7mP2vLr9tKw4nZ", "pending"),
+        ("auth", "Xq7mP2vLr9tKw4nZ", "not found"),
+        ("DB_PASSWORD", '{"value": "Xq7mP2vLr9tKw4nZ"}', '{"value": ""}'),
+        ("password", "{'value': 'hunter'}", "not found"),
+    ],
+)
+def test_round3_secret_tool_and_action_names(
+    tool: str, summary: str, stays: str, store: object, redis: object
+) -> None:
+    """Tool summaries and action details under a secret name: nothing of the value in
+    Redis (fakeredis and real servers); honest words stay."""
+    from tests.helpers import avatar, dump_all
+    from worker import ActionResult, ConversationStore, ToolSummary
+
+    assert isinstance(store, ConversationStore)
+    who = avatar(8)
+    secret = (
+        summary.split('"')[-2]
+        if '"' in summary
+        else summary.split("'")[-2]
+        if "'" in summary
+        else summary
+    )
+    secret = secret.split()[-1]
+    store.record(who, "im", ToolSummary(tool=tool, summary=summary))
+    store.record(who, "im", ActionResult(action=tool, status="ok", detail=summary))
+    assert secret not in dump_all(redis)
+    assert DEFAULT_REDACTOR.redact_named(tool, stays) == (stays, 0)
+    out = DEFAULT_REDACTOR.redact_named(tool, summary)[0]
+    assert redact(out)[0] == out

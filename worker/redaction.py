@@ -38,7 +38,7 @@ from typing import Any
 
 import re2
 
-from worker.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, Rule
+from worker.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, SHORT_NAME, Rule
 
 __all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "normalize", "redact"]
 
@@ -633,8 +633,22 @@ class Redactor:
         leaf = re.split(r"[:/]", normalize(name))[-1]  # `fetch:SessionToken`, `vault/password`
         if _SECRET_NAME.fullmatch(leaf) is None:
             return self.redact(value)
-        prefix = "password: "  # a name the table always reads as secret; `name` may not be
+        # a JSON summary under a secret name: its "value" fields are the secret
+        found = 0
+
+        def hide(match: re.Match[str]) -> str:
+            nonlocal found
+            if not match[3] or _MARKER.fullmatch(match[3].encode("utf-8")):
+                return match[0]
+            found += 1
+            return f"{match[1]}{match[2]}[REDACTED:secret-assignment]"
+
+        value = _VALUE_FIELD.sub(hide, value)
+        # a name the table always reads as secret (`name` may not be); an
+        # Authorization value keeps its scheme word out of the value shape
+        prefix = "Authorization: " if _AUTH_NAME.fullmatch(leaf) else "password: "
         out, count = self.redact(prefix + value)
+        count += found
         if out.startswith(prefix):
             return out[len(prefix) :], count
         return "[REDACTED:secret-assignment]", max(count, 1)
@@ -650,8 +664,16 @@ class Redactor:
         return [(plan.rule_ids[rule], data[s:e].decode("utf-8")) for rule, s, e in spans]
 
 
-# A whole field name that says its value is a secret (as `redact_named` reads it).
-_SECRET_NAME = re2.compile(f"(?:{ANY_NAME}|{LOOSE_NAME})", _options())
+# A whole field name that says its value is a secret (as `redact_named` reads it):
+# secret names, session ids (`SecureSessionID`, `session_id`), `Authorization`, `auth`.
+_SESSION_NAME = r"(?i:(?:secure[ _\-]?)?session[ _\-]?id)"
+_AUTH_NAME = re2.compile(r"(?i:(?:proxy-)?authorization)", _options())
+_SECRET_NAME = re2.compile(
+    f"(?:{ANY_NAME}|{LOOSE_NAME}|{SHORT_NAME}|{_SESSION_NAME}|(?i:(?:proxy-)?authorization))",
+    _options(),
+)
+# `"value": "..."` in a summary under a secret name (JSON or a Python dict repr).
+_VALUE_FIELD = re.compile(r"""(["']value["'][ \t]*:[ \t]*)(["'])((?:\\.|(?!\2)[^\\\n])*)""")
 
 DEFAULT_REDACTOR = Redactor()
 
