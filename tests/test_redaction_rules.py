@@ -647,3 +647,53 @@ def test_round3_secret_tool_and_action_names(
     assert DEFAULT_REDACTOR.redact_named(tool, stays) == (stays, 0)
     out = DEFAULT_REDACTOR.redact_named(tool, summary)[0]
     assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("AKIAIOSFODNN7EXAMPL3 / wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEZ", "bPxRfiCYEXAMPLEKEZ"),
+        ("AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "bPxRfiCYEXAMPLEKEY"),
+        (
+            "AWS Secret Access Key [None]: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        (
+            "User name,Password,Access key ID,Secret access key\n"
+            "bob,x,AKIAIOSFODNN7EXAMPLE,wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        (
+            "Access key ID\tSecret access key\nAKIAIOSFODNN7EXAMPLE\twJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        (
+            "CREDENTIALS\tASIAY34FZKBOKMUTVV7A\t2030-01-01T00:00:00Z\twJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        ('{"text": "password:\\n  Xq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ('{"log": "DB_PASSWORD=\\nXq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ('{"out": "password:\\tXq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ('{"xml": "<password>Xq7mP2vLr9tKw4nZ<\\/password>"}', "Xq7mP2vLr9tKw4nZ"),
+        ("postgres:\\/\\/u:Xq7mP2vLr9tKw4nZ@h\\/db", "Xq7mP2vLr9tKw4nZ"),
+        ("<password_prod>TlVqVxm!1*NSGLbb%vtpUsBpy4</password_prod>", "TlVqVxm!1*NSGLbb"),
+    ],
+)
+def test_round3_aws_pairs_and_escaped_separators(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and secret not in normalize(out)
+    assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<token_name>Gold Coin</token_name>",
+        '{"text": "password:\\n  is reset every Friday"}',
+        "AKIAIOSFODNN7EXAMPLE is the id, the key stays in the vault",
+    ],
+)
+def test_round3_escaped_separator_negatives(text: str) -> None:
+    out = redact(text)[0]
+    assert "Gold Coin" in out or "Friday" in out or "the key stays in the vault" in out
+    assert "[REDACTED:aws-key-pair]" not in out and redact(out)[0] == out

@@ -91,7 +91,8 @@ ANY_NAME = rf"(?:{ENV_KEY}|{NAME})"
 # Between a name and its value: the name's closing quote (escaped or not), an
 # index's `]` after it (never a bare `]`: a marker's rule id may read like a name), `=`, `:`, `:=`, `=>`, optionally the next line.
 NAME_END = r"(?:\\*[\"'`]\]?)?"
-ASSIGN = r"[ \t]*(?::=|=>|[:=])[ \t]*(?:\r?\n[ \t]*)?"
+# (inside escaped JSON a log's `\n` and `\t` are two characters: `"password:\\n  x"`)
+ASSIGN = r"[ \t]*(?::=|=>|[:=])(?:[ \t]|\\t)*(?:(?:\r?\n|\\r\\n|\\n)(?:[ \t]|\\t)*)?"
 
 
 # A quoted value: triple quotes, then one level of quotes per escaping depth.
@@ -305,8 +306,8 @@ RULES: tuple[Rule, ...] = (
     # `@` in the password: the userinfo runs to the last `@` before the host).
     Rule(
         "url-userinfo",
-        r"(?:\b[a-zA-Z][a-zA-Z0-9+.\-]*:)?//(?P<secret>[^\s/?#@:\"'<>\[\]]*:[^\s/?#\"'<>\[\]]+)@[^\s/?#@\"'<>]",
-        ("//",),
+        r"(?:\b[a-zA-Z][a-zA-Z0-9+.\-]*:)?\\?/\\?/(?P<secret>[^\s/?#@:\"'<>\[\]]*:[^\s/?#\"'<>\[\]]+)@[^\s/?#@\"'<>]",
+        ("//", "\\/\\/"),
         (
             "https://bob:hunter2@example.org/x",
             "redis://default:s3cr3tP4ss@cache.internal:6379/0",
@@ -552,6 +553,20 @@ RULES: tuple[Rule, ...] = (
         ),
         ("run_test_suite before you push",),
     ),
+    # An access key id with its 40-character secret key close after it (`AKIA... /
+    # wJalr...`, credentials.csv, console table and `aws sts` outputs): both go.
+    Rule(
+        "aws-key-pair",
+        r"(?:\b|[a-z0-9_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
+        r"[ \t:/,|;=\"']{1,6}(?:[0-9TZ:.\-]{10,30}[ \t,|;]{1,3})?[A-Za-z0-9/+]{40})(?:\b|[=_])",
+        ("akia", "asia", "abia", "acca"),
+        (
+            "AKIAIOSFODNN7EXAMPL3 / wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEZ",
+            "AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "CREDENTIALS\tASIAY34FZKBOKMUTVV7A\t2030-01-01T00:00:00Z\twJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
+        ("the access key id starts with AKIA, the secret key is 40 characters",),
+    ),
     Rule(
         "aws-access-key",
         r"(?:\b|[a-z0-9_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16})(?:\b|[a-z_])",
@@ -561,9 +576,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "aws-secret-key",
-        r"(?i:aws_?secret_?(?:access_?)?key)(?:\\*[\"'])?[ \t]*[:=][ \t]*(?:\\*[\"'])?(?P<secret>[A-Za-z0-9/+=]{40})",
+        r"(?i:aws_?secret_?(?:access_?)?key)(?:\\*[\"'])?[ \t]*[:=][ \t]*(?:\\*[\"'])?(?P<secret>[A-Za-z0-9/+=]{40})"
+        # `aws configure`'s prompt, a console label: `Secret access key [None]: ...`
+        r"|(?i:secret[ _]access[ _]key)[ \t]*(?:\[[^\]\n]{0,24}\])?[ \t]*[:=\t][ \t]*(?P<secret_prompt>[A-Za-z0-9/+]{40})",
         ("secret",),
-        ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",),
+        (
+            "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "AWS Secret Access Key [None]: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
         ("where is the aws secret key setting?",),
     ),
     Rule(
@@ -623,7 +643,9 @@ RULES: tuple[Rule, ...] = (
     # `<password>...</password>`, `<ns:AccountKey>...`: an element named like a secret.
     Rule(
         "secret-element",
-        r"<(?:[A-Za-z_][\w.\-]*:)?" + ANY_NAME + r"(?:[ \t][^>]*)?>(?P<secret>[^<]+)</",
+        r"<(?:[A-Za-z_][\w.\-]*:)?" + ANY_NAME + r"(?:[ \t][^>]*)?>(?P<secret>[^<]+)<\\?/"
+        # a suffixed name (`<password_prod>`): the value must look machine-made
+        r"|<(?:[A-Za-z_][\w.\-]*:)?" + LOOSE_NAME + r">(?P<secret_loose>" + MIXED + r")<\\?/",
         ("pass", "pwd", "secret", "key", "token", "credential"),
         ("<password>hunter2</password>", "<aws_session_secret>q8Zx</aws_session_secret>"),
         ("<password/>", "<token>", "<name>password</name>"),
