@@ -371,12 +371,15 @@ BENIGN = _repeat(
 )
 
 
-def _seconds(text: str) -> float:
-    best = float("inf")
-    for _ in range(5):  # best of five: a shared machine's bursts hit single runs
-        start = time.perf_counter()
-        DEFAULT_REDACTOR.redact(text)
-        best = min(best, time.perf_counter() - start)
+def _best_times(*texts: str, rounds: int = 5) -> list[float]:
+    """Best-of-`rounds` time of each text, measured interleaved in the same rounds, so
+    a shared machine's burst slows every text alike instead of one of them."""
+    best = [float("inf")] * len(texts)
+    for _ in range(rounds):
+        for k, text in enumerate(texts):
+            start = time.perf_counter()
+            DEFAULT_REDACTOR.redact(text)
+            best[k] = min(best[k], time.perf_counter() - start)
     return best
 
 
@@ -384,16 +387,22 @@ def _seconds(text: str) -> float:
 def test_hostile_text_is_linear_and_near_benign(name: str) -> None:
     """Time grows with length, not its square, and stays near benign text.
 
-    The documented figure is 5x benign (bench/redaction.py measures it at 1 MiB,
-    worst 2.9x); the bound here is 15x, a 3x margin for a shared CI machine, which
-    still catches any per-match rescan or quadratic step (those cost 100x and more
-    at this size).
+    The documented figure is 5x benign (bench/redaction.py measures it at 1 MiB);
+    the bound here is 15x, a 3x margin for a shared CI machine, which still catches
+    any per-match rescan or quadratic step (those cost 100x and more at this size).
+    Ratios come from times measured in the same interleaved rounds; a failing
+    measurement is taken again (up to 3 attempts): load makes one attempt slow, a
+    quadratic step makes every attempt slow.
     """
     make = HOSTILE[name]
-    benign = _seconds(BENIGN(512 * KiB))
-    small, large = _seconds(make(128 * KiB)), _seconds(make(512 * KiB))
-    assert large <= 15 * max(benign, 0.001), (large, benign)
-    assert large <= 12 * max(small, 0.0005), (large, small)  # 4x the input
+    texts = (BENIGN(512 * KiB), make(128 * KiB), make(512 * KiB))
+    seen = []
+    for _ in range(3):
+        benign, small, large = _best_times(*texts)
+        seen.append((large, benign, small))
+        if large <= 15 * max(benign, 0.001) and large <= 12 * max(small, 0.0005):
+            return  # 4x the input may cost at most 12x
+    pytest.fail(f"hostile {name!r} (large, benign, small) per attempt: {seen}")
 
 
 # -- names: any suffix after a secret word, and tools named like a secret ------------------
