@@ -706,3 +706,28 @@ def test_round3_escaped_separator_negatives(text: str) -> None:
     out = redact(text)[0]
     assert "Gold Coin" in out or "Friday" in out or "the key stays in the vault" in out
     assert "[REDACTED:aws-key-pair]" not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ('the password is "Xq7mP2vLr9tKw4nZ"', "Xq7mP2vLr9tKw4nZ"),
+        ("the password is: `Xq7mP2vLr9tKw4nZ`", "Xq7mP2vLr9tKw4nZ"),
+        ("password is:\nXq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('{"msg": "the password is \\"Xq7mP2vLr9tKw4nZ\\""}', "Xq7mP2vLr9tKw4nZ"),
+        ("**password:** Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("**password**: Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("- **API key**: `Xq7mP2vLr9tKw4nZ`", "Xq7mP2vLr9tKw4nZ"),
+    ],
+)
+def test_round3_phrases_and_markdown_names(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['the password is "ok"', "**Password:** required", "**Secret**: Santa", "**Token**: see below"],
+)
+def test_round3_phrases_and_markdown_negatives(text: str) -> None:
+    assert redact(text) == (text, 0)

@@ -90,9 +90,9 @@ ENV_KEY = r"(?-i:[A-Z][A-Z0-9_]*_KEY[0-9]*)"
 ANY_NAME = rf"(?:{ENV_KEY}|{NAME})"
 # Between a name and its value: the name's closing quote (escaped or not), an
 # index's `]` after it (never a bare `]`: a marker's rule id may read like a name), `=`, `:`, `:=`, `=>`, optionally the next line.
-NAME_END = r"(?:\\*[\"'`]\]?)?"
+NAME_END = r"(?:\\*[\"'`]\]?|\*\*|__)?"  # (markdown bold: `**password**: x`)
 # (inside escaped JSON a log's `\n` and `\t` are two characters: `"password:\\n  x"`)
-ASSIGN = r"[ \t]*(?::=|=>|[:=])(?:[ \t]|\\t)*(?:(?:\r?\n|\\r\\n|\\n)(?:[ \t]|\\t)*)?"
+ASSIGN = r"[ \t]*(?::=|=>|[:=])(?:\*\*|__)?(?:[ \t]|\\t)*(?:(?:\r?\n|\\r\\n|\\n)(?:[ \t]|\\t)*)?"
 
 
 # A quoted value: triple quotes, then one level of quotes per escaping depth.
@@ -746,9 +746,17 @@ RULES: tuple[Rule, ...] = (
         "password-phrase",
         r"(?i:\b(?:(?:my|the|our|your|his|her|their)[ \t]+)?(?:password|passwd|pw|passcode|passphrase|"
         r"pin|api[ _\-]?key|secret[ _\-]?key|access[ _\-]?key|token|secret)[ \t]+(?:is|was)[ \t]*:?)"
-        r"[ \t]+(?P<secret>" + PHRASE_VALUE + ")",
+        # the value may be quoted or a code span, or on the next line after `is:`
+        r"(?:[ \t]+|[ \t]*\r?\n[ \t]*)(?:\\*[\"'`])?(?P<secret>" + PHRASE_VALUE + ")",
         ("pass", "pw", "pin", "key", "token", "secret"),
-        ("my password is Tr0ub4dor&3", "the passcode was 8812-ab", "api key is q8Zx!w2rT9vB4"),
+        (
+            "my password is Tr0ub4dor&3",
+            "the passcode was 8812-ab",
+            "api key is q8Zx!w2rT9vB4",
+            'the password is "q8Zxw2rT9vB4"',
+            "the password is: `q8Zxw2rT9vB4`",
+            "password is:\nq8Zxw2rT9vB4",
+        ),
         (
             "the password is ok",
             "my pin is 42",
