@@ -731,3 +731,33 @@ def test_round3_phrases_and_markdown_names(text: str, secret: str) -> None:
 )
 def test_round3_phrases_and_markdown_negatives(text: str) -> None:
     assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("docker login -u bob -p Xq7mP2vLr9tKw4nZ registry.example.org", "Xq7mP2vLr9tKw4nZ"),
+        (
+            "az login --service-principal -u http://app -p Xq7mP2vLr9tKw4nZ --tenant t",
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        ("CREATE USER bob IDENTIFIED BY 'Xq7mP2vLr9tKw4nZ';", "Xq7mP2vLr9tKw4nZ"),
+        (
+            'ALTER USER x IDENTIFIED WITH mysql_native_password BY "Xq7mP2vLr9tKw4nZ"',
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        ("CtL8Q~ZPf7s-tg7NvlE3Lar-uSrjLnonWKTn9UGK", "ZPf7s-tg7NvlE3Lar-uSrjLnon"),
+        ("Value\tCtL8Q~ZPf7s-tg7NvlE3Lar-uSrjLnonWKTn9UGK", "ZPf7s-tg7NvlE3Lar-uSrjLnon"),
+        ("tool login --token = uTC1JtzM1VIsQ8Hks3", "uTC1JtzM1VIsQ8Hks3"),
+    ],
+)
+def test_round3_login_flags_sql_and_azure(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text", ["after login: ssh -p 2222 host", "identified by her voice", "Q~ is a tilde after a Q"]
+)
+def test_round3_login_flags_negatives(text: str) -> None:
+    assert redact(text) == (text, 0)

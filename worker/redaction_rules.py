@@ -409,6 +409,29 @@ RULES: tuple[Rule, ...] = (
         ),
         ("AUTH required for this command", "login with your password first"),
     ),
+    # `docker login -u bob -p <pw>`, `az login ... -p <pw>`; SQL `IDENTIFIED BY '<pw>'`;
+    # Azure AD client secrets (`xxx8Q~...`, 40 characters).
+    Rule(
+        "login-password",
+        r"(?:(?i:\blogin\b)[^\n]{0,200}?[ \t]-p[ \t]+(?:\\*[\"'])?(?P<secret>" + MIXED + r")"
+        r"|(?i:\bidentified[ \t]+(?:with[ \t]+[A-Za-z0-9_]+[ \t]+)?by)[ \t]+(?i:password[ \t]+)?"
+        r"(?:'(?P<secret_sq>[^'\n]+)'|\"(?P<secret_dq>[^\"\n]+)\"|(?P<secret_bare>"
+        + MIXED
+        + r")))",
+        ("login", "identified"),
+        (
+            "docker login -u bob -p q8Zxw2rT9vB4 registry.example.org",
+            "CREATE USER 'bob'@'%' IDENTIFIED BY 'q8Zxw2rT9vB4';",
+        ),
+        ("after login: ssh -p 2222 host", "identified by her voice"),
+    ),
+    Rule(
+        "azure-client-secret",
+        r"(?:\b|[^A-Za-z0-9_\-.~])(?P<secret>[A-Za-z0-9_\-.~]{3}[0-9]Q~[A-Za-z0-9_\-.~]{31,34})",
+        ("q~",),
+        ("CtL8Q~ZPf7s-tg7NvlE3Lar-uSrjLnonWKTn9UGK",),
+        ("Q~ is a tilde after a Q",),
+    ),
     Rule(
         "bearer-token",
         r"(?i:\bbearer)[ \t]+(?P<secret>[A-Za-z0-9\-._~+/]{16,}=*)",
@@ -655,7 +678,7 @@ RULES: tuple[Rule, ...] = (
         "cli-secret-flag",
         r"(?:^|[\s\"'`])(?:--?(?:"
         + NAME
-        + r"|pass)(?:=|[ \t]+)(?:\\*[\"'])?(?P<secret>"
+        + r"|pass)(?:[ \t]*=[ \t]*|[ \t]+)(?:\\*[\"'])?(?P<secret>"
         + VALUE
         + r"+)"
         r"|-p(?P<secret_glued>[A-Za-z]" + VALUE + r"*[0-9#$%&*+\-/@^|~=!]" + VALUE + r"*"
