@@ -761,3 +761,30 @@ def test_round3_login_flags_sql_and_azure(text: str, secret: str) -> None:
 )
 def test_round3_login_flags_negatives(text: str) -> None:
     assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- name: DB_PASSWORD\n  value: Xq7mP2vLr9tKw4nZ",
+        '{"name": "DB_PASSWORD", "value": "Xq7mP2vLr9tKw4nZ"}',
+        '<add key="DB_PASSWORD" value="Xq7mP2vLr9tKw4nZ" />',
+        '<property name="password" value="Xq7mP2vLr9tKw4nZ"/>',
+        '<entry key="password">Xq7mP2vLr9tKw4nZ</entry>',
+    ],
+)
+def test_round3_name_value_pairs(text: str) -> None:
+    out = redact(text)[0]
+    assert "Xq7mP2vLr9tKw4nZ" not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "DB_HOST", "value": "db.example.org"}',
+        '<add key="token_name" value="Gold Coin" />',
+        "- name: DB_PORT\n  value: 5432",
+    ],
+)
+def test_round3_name_value_pairs_negatives(text: str) -> None:
+    assert redact(text) == (text, 0)

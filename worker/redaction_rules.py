@@ -664,6 +664,31 @@ RULES: tuple[Rule, ...] = (
     ),
     # -- generic assignments and phrases, last: everything specific has had its turn ---
     # `<password>...</password>`, `<ns:AccountKey>...`: an element named like a secret.
+    # A name/value pair naming a secret: k8s env lists (`- name: DB_PASSWORD` then
+    # `value: ...`), ECS JSON, .NET `<add key="DB_PASSWORD" value="..."/>`, Ant/Maven
+    # `<property name="password" value="..."/>`, `<entry key="password">...</entry>`.
+    Rule(
+        "secret-name-value",
+        r"(?i:\b(?:name|key))[\"']?[ \t]*[:=][ \t]*[\"']?(?:"
+        + ANY_NAME
+        + r")[\"']?(?:[ \t,]*(?:\r?\n[ \t]*)?[\"']?(?i:value)[\"']?[ \t]*[:=][ \t]*(?:"
+        + quoted("secret_nv")
+        + r"|(?P<secret_nvb>"
+        + MARKED
+        + r"))|[^>\n]*>(?P<secret_entry>[^<\n]+)<)",
+        ("value", "key", "name"),
+        (
+            "- name: DB_PASSWORD\n  value: q8Zxw2rT9vB4",
+            '{"name": "DB_PASSWORD", "value": "q8Zxw2rT9vB4"}',
+            '<add key="DB_PASSWORD" value="q8Zxw2rT9vB4" />',
+            '<property name="password" value="q8Zxw2rT9vB4"/>',
+            '<entry key="password">q8Zxw2rT9vB4</entry>',
+        ),
+        (
+            '{"name": "DB_HOST", "value": "db.example.org"}',
+            '<add key="token_name" value="Gold Coin" />',
+        ),
+    ),
     Rule(
         "secret-element",
         r"<(?:[A-Za-z_][\w.\-]*:)?" + ANY_NAME + r"(?:[ \t][^>]*)?>(?P<secret>[^<]+)<\\?/"
