@@ -126,7 +126,7 @@ _OPEN_TAIL = (
 
 # One credential after an Authorization scheme: `k="v"` (OAuth) or a token with a
 # digit or symbol in it (`Authorization: pending review` is prose).
-_AUTH_CRED = r"(?:[A-Za-z0-9_\-]+=\\*\"[^\"\\\n]*\\*\"|[^\s\"'\\,;]*[0-9+/=:~_\-.][^\s\"'\\,;]*)"
+_AUTH_CRED = r"(?:[A-Za-z0-9_\-]+=\\*\"[^\"\\\n]*\\*\"|[^\s\"'\\,;]*[0-9+/=:~_\-.][^\s\"'\\,;]*|[^\s\"'\\,;]{16,})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +394,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "redis-auth",
         r"(?:(?i:\brequirepass|\bmasterauth)[ \t]+(?P<secret>" + VALUE + r"+)"
-        r"|(?:^|[\s\"'`>])(?-i:AUTH|auth)[ \t]+(?:[A-Za-z0-9_\-]+[ \t]+)?(?P<secret_auth>"
+        r"|(?:^|[\s\"'`>(\[{,;:=])(?-i:AUTH|auth)[ \t]+(?:[A-Za-z0-9_\-]+[ \t]+)?(?P<secret_auth>"
         + MIXED
         + r")"
         r"|(?i:redis-cli)[^\n]*?[ \t]-a[ \t]+(?P<secret_cli>" + VALUE + r"+)"
@@ -581,7 +581,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "aws-key-pair",
         r"(?:\b|[a-z0-9_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
-        r"[ \t:/,|;=\"']{1,6}(?:[0-9TZ:.\-]{10,30}[ \t,|;]{1,3})?[A-Za-z0-9/+]{40})(?:\b|[=_])",
+        r"[ \t:/,|;=\"']{1,6}(?:[0-9TZ:.\-]{10,30}[ \t,|;]{1,3})?[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+]|\z)",
         ("akia", "asia", "abia", "acca"),
         (
             "AKIAIOSFODNN7EXAMPL3 / wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEZ",
@@ -675,7 +675,15 @@ RULES: tuple[Rule, ...] = (
         + quoted("secret_nv")
         + r"|(?P<secret_nvb>"
         + MARKED
-        + r"))|[^>\n]*>(?P<secret_entry>[^<\n]+)<)",
+        + r"))|[^>\n]*>(?P<secret_entry>[^<\n]+)<)"
+        # a suffixed name (`AuthToken_old`): the value must look machine-made
+        + r"|(?i:\b(?:name|key))[\"']?[ \t]*[:=][ \t]*[\"']?(?:"
+        + LOOSE_NAME
+        + r")[\"']?(?:[ \t,]*(?:\r?\n[ \t]*)?[\"']?(?i:value)[\"']?[ \t]*[:=][ \t]*[\"']?(?P<secret_nvl>"
+        + MIXED
+        + r")|[^>\n]*>(?P<secret_entryl>"
+        + MIXED
+        + r")<)",
         ("value", "key", "name"),
         (
             "- name: DB_PASSWORD\n  value: q8Zxw2rT9vB4",
