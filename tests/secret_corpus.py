@@ -368,7 +368,7 @@ def _curl(r: Rng, header: str) -> str:
 
 def _authorization(r: Rng) -> Case:
     token = rand(r, r.randint(20, 40), B64URL + ".~")
-    scheme = one(r, "Bearer", "bearer", "Basic", "token", "Token")
+    scheme = one(r, "Bearer", "bearer", "Basic", "token", "Token", "Bot", "JWT", "Key", "SSWS")
     name = one(r, "Authorization", "authorization", "Proxy-Authorization")
     return Case("authorization", _curl(r, f"{name}: {scheme} {token}"), (token,))
 
@@ -527,7 +527,54 @@ def _escaped_quote(r: Rng) -> Case:
     return Case("escaped-quote", text, (first, second))
 
 
+def _short_name(r: Rng) -> Case:
+    """Short secret names (round 3): auth, pass, pw, passwd, REDIS_AUTH, session_key..."""
+    name = one(r, "auth", "pass", "pw", "pwd", "passwd", "REDIS_AUTH", "ADMIN_PASS", "db.pw",
+               "session_key", "consumer_key", "Auth", "PASS")  # fmt: skip
+    value = rand_value(r)
+    text = one(r, f"{name}={value}", f'"{name}": "{value}"', f"{name}: {value}",
+               f"user=bob&{name}={value}", f"{name} := '{value}'")  # fmt: skip
+    return Case("short-name", text, (value,))
+
+
+def _aws_pair(r: Rng) -> Case:
+    key_id = one(r, "AKIA", "ASIA") + rand(r, 16, UPPER + DIGITS)
+    secret = rand(r, 40, ALNUM + "/+")
+    sep = one(r, " / ", ":", ",", "\t", " ")
+    return Case("aws-key-pair", one(r, "", "keys: ", "bob,x,") + key_id + sep + secret, (secret,))
+
+
+def _redis_auth(r: Rng) -> Case:
+    value = rand_value(r)
+    text = one(r, f"requirepass {value}", f"AUTH {value}", f"AUTH default {value}",
+               f"redis-cli -h cache -a {value} ping", f"masterauth {value}",
+               f"machine h.example.org login bob password {value}")  # fmt: skip
+    return Case("redis-auth", text, (value,))
+
+
+def _login_password(r: Rng) -> Case:
+    value = rand_value(r)
+    text = one(r, f"docker login -u bob -p {value} registry.example.org",
+               f"az login --service-principal -u http://app -p {value} --tenant t",
+               f"CREATE USER 'bob'@'%' IDENTIFIED BY '{value}';",
+               f'ALTER USER x IDENTIFIED WITH mysql_native_password BY "{value}";')  # fmt: skip
+    return Case("login-password", text, (value,))
+
+
+def _name_value(r: Rng) -> Case:
+    name, value = secret_name(r), rand_value(r)
+    text = one(r, f"- name: {name}\n  value: {value}", f'{{"name": "{name}", "value": "{value}"}}',
+               f'<add key="{name}" value="{value}" />', f'<property name="{name}" value="{value}"/>',
+               f'<entry key="{name}">{value}</entry>')  # fmt: skip
+    return Case("secret-name-value", text, (value,))
+
+
 ASSIGNMENT_FAMILIES: dict[str, Maker] = {
+    "short-name": _short_name,
+    "aws-key-pair": _aws_pair,
+    "redis-auth": _redis_auth,
+    "login-password": _login_password,
+    "secret-name-value": _name_value,
     "assignment": _assignment,
     "cli-flag": _cli_flag,
     "curl-user": _curl_user,

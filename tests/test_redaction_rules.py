@@ -371,12 +371,15 @@ BENIGN = _repeat(
 )
 
 
-def _seconds(text: str) -> float:
-    best = float("inf")
-    for _ in range(5):  # best of five: a shared machine's bursts hit single runs
-        start = time.perf_counter()
-        DEFAULT_REDACTOR.redact(text)
-        best = min(best, time.perf_counter() - start)
+def _best_times(*texts: str, rounds: int = 5) -> list[float]:
+    """Best-of-`rounds` time of each text, measured interleaved in the same rounds, so
+    a shared machine's burst slows every text alike instead of one of them."""
+    best = [float("inf")] * len(texts)
+    for _ in range(rounds):
+        for k, text in enumerate(texts):
+            start = time.perf_counter()
+            DEFAULT_REDACTOR.redact(text)
+            best[k] = min(best[k], time.perf_counter() - start)
     return best
 
 
@@ -384,16 +387,22 @@ def _seconds(text: str) -> float:
 def test_hostile_text_is_linear_and_near_benign(name: str) -> None:
     """Time grows with length, not its square, and stays near benign text.
 
-    The documented figure is 5x benign (bench/redaction.py measures it at 1 MiB,
-    worst 2.9x); the bound here is 15x, a 3x margin for a shared CI machine, which
-    still catches any per-match rescan or quadratic step (those cost 100x and more
-    at this size).
+    The documented figure is 5x benign (bench/redaction.py measures it at 1 MiB);
+    the bound here is 15x, a 3x margin for a shared CI machine, which still catches
+    any per-match rescan or quadratic step (those cost 100x and more at this size).
+    Ratios come from times measured in the same interleaved rounds; a failing
+    measurement is taken again (up to 3 attempts): load makes one attempt slow, a
+    quadratic step makes every attempt slow.
     """
     make = HOSTILE[name]
-    benign = _seconds(BENIGN(512 * KiB))
-    small, large = _seconds(make(128 * KiB)), _seconds(make(512 * KiB))
-    assert large <= 15 * max(benign, 0.001), (large, benign)
-    assert large <= 12 * max(small, 0.0005), (large, small)  # 4x the input
+    texts = (BENIGN(512 * KiB), make(128 * KiB), make(512 * KiB))
+    seen = []
+    for _ in range(3):
+        benign, small, large = _best_times(*texts)
+        seen.append((large, benign, small))
+        if large <= 15 * max(benign, 0.001) and large <= 12 * max(small, 0.0005):
+            return  # 4x the input may cost at most 12x
+    pytest.fail(f"hostile {name!r} (large, benign, small) per attempt: {seen}")
 
 
 # -- names: any suffix after a secret word, and tools named like a secret ------------------
@@ -473,3 +482,309 @@ def test_invisible_characters_between_unicode_spaces(text: str) -> None:
     the view and broke the separator."""
     secret = UUID if UUID in text else SECRET
     assert gone(secret, redact(text)[0])
+
+
+# -- round 3: invisible characters that are not Cf, look-alike punctuation -------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("token ghp_aB3dE5fG\ufe0f7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"),
+        ("SecureSessionID: 8a5e2c1b-0\ufe00d6f-4f3a-9c1e-7b2d4e6f8a90", "4f3a-9c1e-7b2d4e6f8a90"),
+        ("DB_PASS\U000e0100WORD=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("password\ufe0f=\ufe0fXq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("token ghp_aB3dE5fG\u31647hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"),
+        ("token ghp_aB3dE5fG\uffa07hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"),
+        ("pass\u115fword=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("pass\u17b4word=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("pass\u17b5word=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("pass\u0300word=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("sk\u2011proj\u2011aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4", "aB3dE5fG7hJ9kL1mN2pQ4rS6"),
+        ("glpat\u2013abcdefghij0123456789XY", "abcdefghij0123456789XY"),
+        ("password\u2236Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        (
+            "eyJhbGciOiJIUzI1NiJ9\u3002eyJzdWIiOiIxMjM0NTY3ODkwIn0\u3002dozjgNryP4J3jVmNHl0w5N_X",
+            "dozjgNryP4J3jVmNHl0w5N_X",
+        ),
+        (
+            "\u2014\u2014\u2014\u2014\u2014BEGIN PRIVATE KEY\u2014\u2014\u2014\u2014\u2014\nMIIEvQIBADANBgkqhkiG9w0B\n",
+            "MIIEvQIBADANBgkqhkiG9w0B",
+        ),
+        (
+            "\uff30\uff21\uff33\uff33\uff37\uff2f\uff32\uff24\u3000\uff1d\u3000Xq7mP2vLr9tKw4nZ",
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+    ],
+)
+def test_round3_invisible_and_lookalike_characters(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in normalize(out) and secret not in out
+    assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "👍\ufe0f great, see you at 5\u2013 6 pm",  # emoji selector, en dash in prose
+        "👨\u200d👩\u200d👧 and 🏳\ufe0f\u200d🌈 — both welcome",
+        "caf\u0065\u0301 au lait \u2014 password reset is on Friday",
+    ],
+)
+def test_round3_honest_text_with_selectors_and_dashes_stays(text: str) -> None:
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "string token = llList2String(tokens, 0);",
+        "tokens = llList2List(tokens, 1, -1);",
+        "string password = llList2String(parts, 1);",
+        "string pwd = llMD5String(input, 0);",
+        "string secret = llBase64ToString(data);",
+        "for (i = 0; i < llGetListLength(tokens); ++i) { string token = llList2String(tokens, i); }",
+        "tokens: 250L$",
+        "5 tokens: 100L$",
+        "tokens: +10/day",
+        "tokenizer: bpe-32k",
+        "token_limit: 8k",
+        "secret: top-secret",
+        "password: required",
+        "password: ********",
+        "password=$DB_PASSWORD",
+        "password=${DB_PASSWORD}",
+        "Authorization: pending",
+        "Authorization: pending review",
+        "https://shop.example.org/?code=promo2024",
+        "https://h/?session=2&token=0",
+        "season pass: 2024",
+        "bypass: abc123x",
+        "AUTH required for this command",
+    ],
+)
+def test_round3_honest_values_stay_byte_for_byte(text: str) -> None:
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # real-looking values next to the false-positive shapes still go
+        ("password: 12345678", "12345678"),
+        ("password=$3cr3t!Val9", "3cr3t!Val9"),
+        ("Token: Gold-Coin-01", "Gold-Coin-01"),
+        (
+            "https://app.example.org/cb?code=4/0AX4XfWh8q8Zxw2rT9vB4nM1k",
+            "0AX4XfWh8q8Zxw2rT9vB4nM1k",
+        ),
+        # short secret names
+        ("auth=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('{"user": "bob", "pass": "Xq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ("pw=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("passwd: Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("REDIS_AUTH=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("ADMIN_PASS: Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("session_key=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('consumer_key = "Xq7mP2vLr9tKw4nZ"', "Xq7mP2vLr9tKw4nZ"),
+        ("requirepass Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("AUTH Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("redis-cli -h cache -a Xq7mP2vLr9tKw4nZ ping", "Xq7mP2vLr9tKw4nZ"),
+        ("user=bob&pass=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("https://h/x?pass=Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("my pw: CorrectHorse9Battery", "CorrectHorse9Battery"),
+        ("'X-Api-Key' => 'Xq7mP2vLr9tKw4nZ',", "Xq7mP2vLr9tKw4nZ"),
+        ('password := "Xq7mP2vLr9tKw4nZ"', "Xq7mP2vLr9tKw4nZ"),
+        ("machine api.example.org login bob password Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        # Authorization: any scheme word
+        ("Authorization: Bot Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('{"Authorization": "Bot Xq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ("Authorization: SharedKey acct:Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("Authorization: JWT Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("Authorization: Key Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        (
+            'Authorization: OAuth oauth_consumer_key="ck", oauth_signature="Xq7mP2vLr9tKw4nZ"',
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        (
+            "Authorization: AWS4-HMAC-SHA256 Credential=AKID/20240101/us-east-1/s3/aws4_request, "
+            "SignedHeaders=host, Signature=Xq7mP2vLr9tKw4nZ",
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        ("'Authorization' => 'Basic Ym9iOmh1bnRlcjIyMjI='", "Ym9iOmh1bnRlcjIyMjI"),
+        ('authorization := "Basic Ym9iOmh1bnRlcjIyMjI="', "Ym9iOmh1bnRlcjIyMjI"),
+    ],
+)
+def test_round3_secrets_go(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and secret not in normalize(out)
+    assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    ("tool", "summary", "stays"),
+    [
+        ("SecureSessionID", "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "not set"),
+        ("session_id", "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "not set"),
+        ("Authorization", "Bot Xq7mP2vLr9tKw4nZ", "pending"),
+        ("auth", "Xq7mP2vLr9tKw4nZ", "not found"),
+        ("DB_PASSWORD", '{"value": "Xq7mP2vLr9tKw4nZ"}', '{"value": ""}'),
+        ("password", "{'value': 'hunter'}", "not found"),
+    ],
+)
+def test_round3_secret_tool_and_action_names(
+    tool: str, summary: str, stays: str, store: object, redis: object
+) -> None:
+    """Tool summaries and action details under a secret name: nothing of the value in
+    Redis (fakeredis and real servers); honest words stay."""
+    from tests.helpers import avatar, dump_all
+    from worker import ActionResult, ConversationStore, ToolSummary
+
+    assert isinstance(store, ConversationStore)
+    who = avatar(8)
+    secret = (
+        summary.split('"')[-2]
+        if '"' in summary
+        else summary.split("'")[-2]
+        if "'" in summary
+        else summary
+    )
+    secret = secret.split()[-1]
+    store.record(who, "im", ToolSummary(tool=tool, summary=summary))
+    store.record(who, "im", ActionResult(action=tool, status="ok", detail=summary))
+    assert secret not in dump_all(redis)
+    assert DEFAULT_REDACTOR.redact_named(tool, stays) == (stays, 0)
+    out = DEFAULT_REDACTOR.redact_named(tool, summary)[0]
+    assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("AKIAIOSFODNN7EXAMPL3 / wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEZ", "bPxRfiCYEXAMPLEKEZ"),
+        ("AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "bPxRfiCYEXAMPLEKEY"),
+        (
+            "AWS Secret Access Key [None]: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        (
+            "User name,Password,Access key ID,Secret access key\n"
+            "bob,x,AKIAIOSFODNN7EXAMPLE,wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        (
+            "Access key ID\tSecret access key\nAKIAIOSFODNN7EXAMPLE\twJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        (
+            "CREDENTIALS\tASIAY34FZKBOKMUTVV7A\t2030-01-01T00:00:00Z\twJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "bPxRfiCYEXAMPLEKEY",
+        ),
+        ('{"text": "password:\\n  Xq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ('{"log": "DB_PASSWORD=\\nXq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ('{"out": "password:\\tXq7mP2vLr9tKw4nZ"}', "Xq7mP2vLr9tKw4nZ"),
+        ('{"xml": "<password>Xq7mP2vLr9tKw4nZ<\\/password>"}', "Xq7mP2vLr9tKw4nZ"),
+        ("postgres:\\/\\/u:Xq7mP2vLr9tKw4nZ@h\\/db", "Xq7mP2vLr9tKw4nZ"),
+        ("<password_prod>TlVqVxm!1*NSGLbb%vtpUsBpy4</password_prod>", "TlVqVxm!1*NSGLbb"),
+    ],
+)
+def test_round3_aws_pairs_and_escaped_separators(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and secret not in normalize(out)
+    assert redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<token_name>Gold Coin</token_name>",
+        '{"text": "password:\\n  is reset every Friday"}',
+        "AKIAIOSFODNN7EXAMPLE is the id, the key stays in the vault",
+    ],
+)
+def test_round3_escaped_separator_negatives(text: str) -> None:
+    out = redact(text)[0]
+    assert "Gold Coin" in out or "Friday" in out or "the key stays in the vault" in out
+    assert "[REDACTED:aws-key-pair]" not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ('the password is "Xq7mP2vLr9tKw4nZ"', "Xq7mP2vLr9tKw4nZ"),
+        ("the password is: `Xq7mP2vLr9tKw4nZ`", "Xq7mP2vLr9tKw4nZ"),
+        ("password is:\nXq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ('{"msg": "the password is \\"Xq7mP2vLr9tKw4nZ\\""}', "Xq7mP2vLr9tKw4nZ"),
+        ("**password:** Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("**password**: Xq7mP2vLr9tKw4nZ", "Xq7mP2vLr9tKw4nZ"),
+        ("- **API key**: `Xq7mP2vLr9tKw4nZ`", "Xq7mP2vLr9tKw4nZ"),
+    ],
+)
+def test_round3_phrases_and_markdown_names(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['the password is "ok"', "**Password:** required", "**Secret**: Santa", "**Token**: see below"],
+)
+def test_round3_phrases_and_markdown_negatives(text: str) -> None:
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("docker login -u bob -p Xq7mP2vLr9tKw4nZ registry.example.org", "Xq7mP2vLr9tKw4nZ"),
+        (
+            "az login --service-principal -u http://app -p Xq7mP2vLr9tKw4nZ --tenant t",
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        ("CREATE USER bob IDENTIFIED BY 'Xq7mP2vLr9tKw4nZ';", "Xq7mP2vLr9tKw4nZ"),
+        (
+            'ALTER USER x IDENTIFIED WITH mysql_native_password BY "Xq7mP2vLr9tKw4nZ"',
+            "Xq7mP2vLr9tKw4nZ",
+        ),
+        ("CtL8Q~ZPf7s-tg7NvlE3Lar-uSrjLnonWKTn9UGK", "ZPf7s-tg7NvlE3Lar-uSrjLnon"),
+        ("Value\tCtL8Q~ZPf7s-tg7NvlE3Lar-uSrjLnonWKTn9UGK", "ZPf7s-tg7NvlE3Lar-uSrjLnon"),
+        ("tool login --token = uTC1JtzM1VIsQ8Hks3", "uTC1JtzM1VIsQ8Hks3"),
+    ],
+)
+def test_round3_login_flags_sql_and_azure(text: str, secret: str) -> None:
+    out = redact(text)[0]
+    assert secret not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text", ["after login: ssh -p 2222 host", "identified by her voice", "Q~ is a tilde after a Q"]
+)
+def test_round3_login_flags_negatives(text: str) -> None:
+    assert redact(text) == (text, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- name: DB_PASSWORD\n  value: Xq7mP2vLr9tKw4nZ",
+        '{"name": "DB_PASSWORD", "value": "Xq7mP2vLr9tKw4nZ"}',
+        '<add key="DB_PASSWORD" value="Xq7mP2vLr9tKw4nZ" />',
+        '<property name="password" value="Xq7mP2vLr9tKw4nZ"/>',
+        '<entry key="password">Xq7mP2vLr9tKw4nZ</entry>',
+    ],
+)
+def test_round3_name_value_pairs(text: str) -> None:
+    out = redact(text)[0]
+    assert "Xq7mP2vLr9tKw4nZ" not in out and redact(out)[0] == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "DB_HOST", "value": "db.example.org"}',
+        '<add key="token_name" value="Gold Coin" />',
+        "- name: DB_PORT\n  value: 5432",
+    ],
+)
+def test_round3_name_value_pairs_negatives(text: str) -> None:
+    assert redact(text) == (text, 0)

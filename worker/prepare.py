@@ -246,6 +246,8 @@ class Preparer:
             case ActionResult(action=action, status=status, detail=detail):
                 action = self.name(action, "action")
                 head = action_head(action, status)
-                clean, count, cut = self.text(detail, "detail", text_limit, head, required=False)
+                clean, count, cut = self.text(
+                    detail, "detail", text_limit, head, required=False, named=action
+                )
                 fields = [action, status, clean]
         return PreparedRecord(encode_payload(record.kind, fields), count, cut)

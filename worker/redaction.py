@@ -38,11 +38,47 @@ from typing import Any
 
 import re2
 
-from worker.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, Rule
+from worker.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, SHORT_NAME, Rule
 
 __all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "normalize", "redact"]
 
 # -- the normalized view ---------------------------------------------------------------
+
+
+# Invisible characters that are not category Cf: soft hyphen, Mongolian vowel
+# separator, combining grapheme joiner, variation selectors (U+FE00-FE0F,
+# U+E0100-E01EF), Hangul fillers, Khmer inherent vowels. Dropped like Cf.
+_INVISIBLE = frozenset(
+    [
+        *(0x00AD, 0x180E, 0x034F, 0x115F, 0x1160, 0x3164, 0xFFA0, 0x17B4, 0x17B5),
+        *range(0xFE00, 0xFE10),
+        *range(0xE0100, 0xE01F0),
+    ]
+)
+# Look-alike punctuation NFKC keeps: hyphens and dashes, ratio and modifier colons,
+# the ideographic full stop. Folded to ASCII so `sk\u2011proj\u2011...` is a key.
+_LOOKALIKES = {
+    **dict.fromkeys((0x2010, 0x2011, 0x2012, 0x2013, 0x2014, 0x2015, 0x2212, 0xFE58), "-"),
+    **dict.fromkeys((0x2236, 0xA789, 0x02D0), ":"),
+    0x3002: ".",
+    0xFF61: ".",
+}
+
+
+def _is_combining_mark(cp: int) -> bool:
+    """Latin combining diacritics (U+0300-036F and their supplements): a mark glued
+    into a name (`pass\u0300word`) is dropped from the view."""
+    return (
+        0x0300 <= cp <= 0x036F
+        or 0x1AB0 <= cp <= 0x1AFF
+        or 0x1DC0 <= cp <= 0x1DFF
+        or 0x20D0 <= cp <= 0x20FF
+        or 0xFE20 <= cp <= 0xFE2F
+    )
+
+
+def _is_selector(cp: int) -> bool:
+    return 0xFE00 <= cp <= 0xFE0F or 0xE0100 <= cp <= 0xE01EF
 
 
 def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
@@ -54,9 +90,12 @@ def _tables() -> tuple[dict[int, str | None], list[int], list[int]]:
         for cp in block:
             ch = chr(cp)
             category = unicodedata.category(ch)
-            if category == "Cf" or cp in (0x00AD, 0x180E, 0x034F):
+            if category == "Cf" or cp in _INVISIBLE or _is_combining_mark(cp):
                 table[cp] = None
                 fmt.append(cp)
+            elif cp in _LOOKALIKES:
+                table[cp] = _LOOKALIKES[cp]
+                fold.append(cp)
             elif category in ("Zs", "Zl", "Zp"):
                 table[cp] = " "  # NBSP, U+2000-200A, U+3000...: a space to every rule
                 fold.append(cp)
@@ -109,12 +148,18 @@ def _change_entries() -> tuple[str, ...]:
     # every changed character counts as a neighbour: a chain of them (spaces,
     # format characters, full-width punctuation) is folded whole once one of its
     # characters touches ASCII
-    near = r"[\t\n\r\x20-\x7e" + _re2_class(sorted(_FMT_POINTS + _FOLD_POINTS)) + "]"
+    # (a variation selector only counts next to ASCII: an emoji's U+FE0F next to its
+    # zero-width joiner is honest text)
+    selectors = [cp for cp in _FMT_POINTS if _is_selector(cp)]
+    chained = sorted(cp for cp in _FMT_POINTS + _FOLD_POINTS if not _is_selector(cp))
+    near = r"[\t\n\r\x20-\x7e" + _re2_class(chained) + "]"
+    ascii_near = r"[\t\n\r\x20-\x7e]"
     entries = []
     for sequence in _SEQUENCES:
         folded = _FOLDED[sequence].decode("ascii")
         char = re2.escape(sequence.decode("utf-8"))
-        entries.append(char if folded.isalnum() else f"{near}{char}|{char}{near}")
+        side = ascii_near if ord(sequence.decode("utf-8")) in selectors else near
+        entries.append(char if folded.isalnum() else f"{side}{char}|{char}{side}")
     return tuple(entries)
 
 
@@ -298,6 +343,37 @@ def _marker(rule: Rule) -> bytes:
     return f"[REDACTED:{rule.id}]".encode("ascii")
 
 
+# Values after a secret name that are not secrets (docs/redaction.md, "Value shapes"):
+# placeholders and states, masks, variable references, L$ amounts and rates, sizes.
+_HONEST_VALUE = re.compile(
+    rb"(?i:required|optional|pending|none|null|nil|empty|unset|hidden|redacted|masked|"
+    rb"top-secret|n/a|tbd|todo|unknown|invalid|expired|missing|granted|denied|revoked|"
+    rb"approved|rejected|disabled|enabled)"
+    rb"|(?:\*|\xe2\x80\xa2)+|x{3,}|X{3,}"  # a mask
+    rb"|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|%[A-Za-z_][A-Za-z0-9_]*%"  # $DB_PASSWORD, ${X}, %X%
+    rb"|[+\-]\d[\d,.]*(?:L\$)?(?:/[A-Za-z]+)?|L\$\d[\d,.]*|\d[\d,.]*L\$(?:/[A-Za-z]+)?"
+    rb"|\d[\d,.]*/(?i:day|week|month|year|hour|min|h|d)|\d{1,3}"  # 250L$, +10/day, 0
+    rb"|\d+[kKmM]"  # a size: 8k, 32k
+)
+# An identifier right before `(` is a call: llList2String(...), llMD5String(...).
+_IDENTIFIER = re.compile(rb"[A-Za-z_$][A-Za-z0-9_.$]*")
+# A name describing tokens rather than holding one: tokenizer, token_limit, max_tokens.
+_COUNTING_NAME = re.compile(
+    rb"(?i)tokeni[sz]|tokens?_?(?:limit|count|budget|usage|type|per)|max_?tokens"
+)
+_VETOABLE = frozenset(("secret-assignment", "url-token-param"))
+
+
+def _honest_value(norm: bytes, m_start: int, v_start: int, v_end: int) -> bool:
+    """True when a generic rule's value is honest text (pinned by tests)."""
+    value = norm[v_start:v_end]
+    if _HONEST_VALUE.fullmatch(value):
+        return True
+    if norm[v_end : v_end + 1] == b"(" and _IDENTIFIER.fullmatch(value):
+        return True
+    return _COUNTING_NAME.search(norm, m_start, v_start) is not None
+
+
 class _Plan:
     """Compiled matchers for one set of active rules."""
 
@@ -324,6 +400,7 @@ class _Plan:
             self.which.Add(_SECRET_GROUP.sub("(?:", rule.pattern))
         self.which.Compile()
         self.single_groups = tuple(_single_groups(rule) for rule in rules)
+        self.vetoable = tuple(rule.id in _VETOABLE for rule in rules)
 
     def finditer(self, data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
         """(rule position, match start, match end, secret start, secret end) per match.
@@ -491,7 +568,9 @@ class Redactor:
         budget = MATCH_BUDGET_BASE + len(data) // MATCH_BUDGET_BYTES
         out: list[tuple[int, int, int]] = []
         done = 0
-        for rule, _, _, v_start, v_end in plan.finditer(norm):
+        for rule, m_start, _, v_start, v_end in plan.finditer(norm):
+            if plan.vetoable[rule] and _honest_value(norm, m_start, v_start, v_end):
+                continue
             if mapped:
                 view.build_map()
                 s_start, s_end = view.start(v_start), view.end(v_end)
@@ -554,8 +633,22 @@ class Redactor:
         leaf = re.split(r"[:/]", normalize(name))[-1]  # `fetch:SessionToken`, `vault/password`
         if _SECRET_NAME.fullmatch(leaf) is None:
             return self.redact(value)
-        prefix = "password: "  # a name the table always reads as secret; `name` may not be
+        # a JSON summary under a secret name: its "value" fields are the secret
+        found = 0
+
+        def hide(match: re.Match[str]) -> str:
+            nonlocal found
+            if not match[3] or _MARKER.fullmatch(match[3].encode("utf-8")):
+                return match[0]
+            found += 1
+            return f"{match[1]}{match[2]}[REDACTED:secret-assignment]"
+
+        value = _VALUE_FIELD.sub(hide, value)
+        # a name the table always reads as secret (`name` may not be); an
+        # Authorization value keeps its scheme word out of the value shape
+        prefix = "Authorization: " if _AUTH_NAME.fullmatch(leaf) else "password: "
         out, count = self.redact(prefix + value)
+        count += found
         if out.startswith(prefix):
             return out[len(prefix) :], count
         return "[REDACTED:secret-assignment]", max(count, 1)
@@ -571,8 +664,16 @@ class Redactor:
         return [(plan.rule_ids[rule], data[s:e].decode("utf-8")) for rule, s, e in spans]
 
 
-# A whole field name that says its value is a secret (as `redact_named` reads it).
-_SECRET_NAME = re2.compile(f"(?:{ANY_NAME}|{LOOSE_NAME})", _options())
+# A whole field name that says its value is a secret (as `redact_named` reads it):
+# secret names, session ids (`SecureSessionID`, `session_id`), `Authorization`, `auth`.
+_SESSION_NAME = r"(?i:(?:secure[ _\-]?)?session[ _\-]?id)"
+_AUTH_NAME = re2.compile(r"(?i:(?:proxy-)?authorization)", _options())
+_SECRET_NAME = re2.compile(
+    f"(?:{ANY_NAME}|{LOOSE_NAME}|{SHORT_NAME}|{_SESSION_NAME}|(?i:(?:proxy-)?authorization))",
+    _options(),
+)
+# `"value": "..."` in a summary under a secret name (JSON or a Python dict repr).
+_VALUE_FIELD = re.compile(r"""(["']value["'][ \t]*:[ \t]*)(["'])((?:\\.|(?!\2)[^\\\n])*)""")
 
 DEFAULT_REDACTOR = Redactor()
 

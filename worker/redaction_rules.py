@@ -67,7 +67,7 @@ _SECRET_WORDS = (
     r"api[ _\-]{0,3}key|apikey|access[_\-]?key|secret[_\-]?key|private[_\-]?key|account[_\-]?key|"
     r"shared[_\-]?access[_\-]?key|master[_\-]?key|signing[_\-]?key|encryption[_\-]?key|"
     r"auth[_\-]?key|app[_\-]?key|client[_\-]?key|license[_\-]?key|subscription[_\-]?key|"
-    r"sas[_\-]?key|webhook[_\-]?secret"
+    r"sas[_\-]?key|webhook[_\-]?secret|session[_\-]?key|consumer[_\-]?key"
 )
 # A name around a secret word: prefix (`DB_`, `aws_session_`, `db`, `client`), the
 # word, and only suffixes that keep it a secret (`1`, `_value`, `B64`):
@@ -78,13 +78,21 @@ NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS}){_SUFFIX}"
 # these the value itself must look machine-made (MIXED), since `token_name`,
 # `password_hint` and `max_tokens` name things about a secret.
 LOOSE_NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS})[A-Za-z0-9_.\-]+"
+# Short secret words (`auth`, `pass`, `pw`, `passwd`): a whole word or after a
+# separator (`REDIS_AUTH`, `ADMIN_PASS`, `db.pw`), never inside a word (`bypass`,
+# `compass`); their value must look machine-made like LOOSE_NAME's (`season pass: 2024`).
+SHORT_NAME = (
+    r"\b(?:[A-Za-z0-9.\-]*[_.\-])?(?i:auth|pass|pw|passwd|rootpw|requirepass|masterauth)"
+    r"(?:[_\-.]?\d+)?\b"
+)
 # An upper-case environment name ending in _KEY: OPENAI_KEY, STRIPE_KEY.
 ENV_KEY = r"(?-i:[A-Z][A-Z0-9_]*_KEY[0-9]*)"
 ANY_NAME = rf"(?:{ENV_KEY}|{NAME})"
 # Between a name and its value: the name's closing quote (escaped or not), an
 # index's `]` after it (never a bare `]`: a marker's rule id may read like a name), `=`, `:`, `:=`, `=>`, optionally the next line.
-NAME_END = r"(?:\\*[\"'`]\]?)?"
-ASSIGN = r"[ \t]*(?::=|=>|[:=])[ \t]*(?:\r?\n[ \t]*)?"
+NAME_END = r"(?:\\*[\"'`]\]?|\*\*|__)?"  # (markdown bold: `**password**: x`)
+# (inside escaped JSON a log's `\n` and `\t` are two characters: `"password:\\n  x"`)
+ASSIGN = r"[ \t]*(?::=|=>|[:=])(?:\*\*|__)?(?:[ \t]|\\t)*(?:(?:\r?\n|\\r\\n|\\n)(?:[ \t]|\\t)*)?"
 
 
 # A quoted value: triple quotes, then one level of quotes per escaping depth.
@@ -114,6 +122,11 @@ _OPEN_TAIL = (
     + _ARMOUR_END
     + r"|(?s:.)*)"
 )
+
+
+# One credential after an Authorization scheme: `k="v"` (OAuth) or a token with a
+# digit or symbol in it (`Authorization: pending review` is prose).
+_AUTH_CRED = r"(?:[A-Za-z0-9_\-]+=\\*\"[^\"\\\n]*\\*\"|[^\s\"'\\,;]*[0-9+/=:~_\-.][^\s\"'\\,;]*|[^\s\"'\\,;]{16,})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +306,8 @@ RULES: tuple[Rule, ...] = (
     # `@` in the password: the userinfo runs to the last `@` before the host).
     Rule(
         "url-userinfo",
-        r"(?:\b[a-zA-Z][a-zA-Z0-9+.\-]*:)?//(?P<secret>[^\s/?#@:\"'<>\[\]]*:[^\s/?#\"'<>\[\]]+)@[^\s/?#@\"'<>]",
-        ("//",),
+        r"(?:\b[a-zA-Z][a-zA-Z0-9+.\-]*:)?\\?/\\?/(?P<secret>[^\s/?#@:\"'<>\[\]]*:[^\s/?#\"'<>\[\]]+)@[^\s/?#@\"'<>]",
+        ("//", "\\/\\/"),
         (
             "https://bob:hunter2@example.org/x",
             "redis://default:s3cr3tP4ss@cache.internal:6379/0",
@@ -324,9 +337,11 @@ RULES: tuple[Rule, ...] = (
         "url-token-param",
         r"[?&;](?i:access_token|refresh_token|id_token|auth_token|token|api_key|apikey|key|"
         r"client_secret|secret|password|passwd|pwd|sig|signature|x-amz-signature|"
-        r"x-amz-credential|x-amz-security-token|auth|session|sessionid|session_id|code|"
+        r"x-amz-credential|x-amz-security-token|auth|session|sessionid|session_id|"
         r"[a-z0-9_.\-]*(?:token|secret|password|api_?key))"
-        r"=(?P<secret>[^&\s#\"'<>\[\]]+)",
+        r"=(?P<secret>[^&\s#\"'<>\[\]]+)"
+        # an OAuth `code` is long and random; `?code=promo2024` is a coupon
+        r"|[?&;](?i:code)=(?P<secret_code>[^&\s#\"'<>\[\]]{16,})",
         ("=",),
         (
             "https://api.example.com/v1/items?token=abc123def456&page=2",
@@ -355,8 +370,16 @@ RULES: tuple[Rule, ...] = (
     # `[HTTP_CUSTOM_HEADER, "Authorization", "Bearer ..."]`.
     Rule(
         "authorization-header",
-        r"(?i:\b(?:proxy-)?authorization)(?:\\*[\"'])?[ \t]*[:=,][ \t]*(?:\\*[\"'])?"
-        r"(?P<secret>(?:(?i:bearer|basic|token|digest|negotiate|apikey|sso-key)[ \t]+)?[^\s\"'\\,;]+)",
+        r"(?i:\b(?:proxy-)?authorization)(?:\\*[\"'])?[ \t]*(?::=|=>|[:=,])[ \t]*(?:\\*[\"'])?"
+        # any scheme word (Bot, SharedKey, JWT, AWS4-HMAC-SHA256...) and the credential
+        # after it, with its `, k=v` parameters; or a lone credential that looks made
+        r"(?P<secret>[A-Za-z][A-Za-z0-9_\-]*[ \t]+"
+        + _AUTH_CRED
+        + r"(?:,[ \t]*"
+        + _AUTH_CRED
+        + r")*"
+        r"|(?i:bearer|basic|token|digest|negotiate|apikey|sso-key)[ \t]+[^\s\"'\\,;]+"
+        r"|" + MIXED + r")",
         ("authorization",),
         (
             "Authorization: Basic Ym9iOmh1bnRlcjI=",
@@ -365,6 +388,49 @@ RULES: tuple[Rule, ...] = (
             '{"Authorization": "Bearer q8Zxw2rT9vB4nM1k"}',
         ),
         ("authorization is needed for that parcel",),
+    ),
+    # Redis and .netrc: `requirepass <pw>`, `AUTH <pw>`, `redis-cli -a <pw>`,
+    # `machine h login bob password <pw>`.
+    Rule(
+        "redis-auth",
+        r"(?:(?i:\brequirepass|\bmasterauth)[ \t]+(?P<secret>" + VALUE + r"+)"
+        r"|(?:^|[\s\"'`>(\[{,;:=])(?-i:AUTH|auth)[ \t]+(?:[A-Za-z0-9_\-]+[ \t]+)?(?P<secret_auth>"
+        + MIXED
+        + r")"
+        r"|(?i:redis-cli)[^\n]*?[ \t]-a[ \t]+(?P<secret_cli>" + VALUE + r"+)"
+        r"|(?i:\blogin)[ \t]+\S+[ \t]+(?i:password)[ \t]+(?P<secret_netrc>" + VALUE + r"+))",
+        ("requirepass", "masterauth", "auth", "redis-cli", "login"),
+        (
+            "requirepass q8Zxw2rT9vB4",
+            "AUTH q8Zxw2rT9vB4",
+            "AUTH default q8Zxw2rT9vB4",
+            "redis-cli -h cache -a q8Zxw2rT9vB4 ping",
+            "machine api.example.org login bob password q8Zxw2rT9vB4",
+        ),
+        ("AUTH required for this command", "login with your password first"),
+    ),
+    # `docker login -u bob -p <pw>`, `az login ... -p <pw>`; SQL `IDENTIFIED BY '<pw>'`;
+    # Azure AD client secrets (`xxx8Q~...`, 40 characters).
+    Rule(
+        "login-password",
+        r"(?:(?i:\blogin\b)[^\n]{0,200}?[ \t]-p[ \t]+(?:\\*[\"'])?(?P<secret>" + MIXED + r")"
+        r"|(?i:\bidentified[ \t]+(?:with[ \t]+[A-Za-z0-9_]+[ \t]+)?by)[ \t]+(?i:password[ \t]+)?"
+        r"(?:'(?P<secret_sq>[^'\n]+)'|\"(?P<secret_dq>[^\"\n]+)\"|(?P<secret_bare>"
+        + MIXED
+        + r")))",
+        ("login", "identified"),
+        (
+            "docker login -u bob -p q8Zxw2rT9vB4 registry.example.org",
+            "CREATE USER 'bob'@'%' IDENTIFIED BY 'q8Zxw2rT9vB4';",
+        ),
+        ("after login: ssh -p 2222 host", "identified by her voice"),
+    ),
+    Rule(
+        "azure-client-secret",
+        r"(?:\b|[^A-Za-z0-9_\-.~])(?P<secret>[A-Za-z0-9_\-.~]{3}[0-9]Q~[A-Za-z0-9_\-.~]{31,34})",
+        ("q~",),
+        ("CtL8Q~ZPf7s-tg7NvlE3Lar-uSrjLnonWKTn9UGK",),
+        ("Q~ is a tilde after a Q",),
     ),
     Rule(
         "bearer-token",
@@ -391,9 +457,9 @@ RULES: tuple[Rule, ...] = (
         "credential-header",
         r"(?i:\b(?:x-api-key|api-key|x-auth-token|x-access-token|private-token|x-goog-api-key|"
         r"x-token|x-vault-token|x-functions-key|ocp-apim-subscription-key|x-api-token|"
-        r"x-gitlab-token|x-github-token|x-hub-signature(?:-256)?|x-secret|x-session-token))"
-        r"(?:\\*[\"'])?[ \t]*[:=,][ \t]*(?:\\*[\"'])?"
-        r"(?P<secret>(?:(?i:bearer|basic|token)[ \t]+)?[^\s\"'\\,;\[\]]+)",
+        r"x-gitlab-token|x-github-token|x-hub-signature(?:-256)?|x-secret|x-session-token|x-auth))"
+        r"(?:\\*[\"'])?[ \t]*(?::=|=>|[:=,])[ \t]*(?:\\*[\"'])?"
+        r"(?P<secret>(?:(?i:bearer|basic|token)[ \t]+)?[^\s\"'\\,;\[\]>][^\s\"'\\,;\[\]]*)",
         ("key", "token", "secret", "signature"),
         (
             "curl -H 'X-Api-Key: 8f14e45fceea167a5a36dedd4bea2543' https://api.example.org",
@@ -510,6 +576,20 @@ RULES: tuple[Rule, ...] = (
         ),
         ("run_test_suite before you push",),
     ),
+    # An access key id with its 40-character secret key close after it (`AKIA... /
+    # wJalr...`, credentials.csv, console table and `aws sts` outputs): both go.
+    Rule(
+        "aws-key-pair",
+        r"(?:\b|[a-z0-9_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
+        r"[ \t:/,|;=\"']{1,6}(?:[0-9TZ:.\-]{10,30}[ \t,|;]{1,3})?[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+]|\z)",
+        ("akia", "asia", "abia", "acca"),
+        (
+            "AKIAIOSFODNN7EXAMPL3 / wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEZ",
+            "AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "CREDENTIALS\tASIAY34FZKBOKMUTVV7A\t2030-01-01T00:00:00Z\twJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
+        ("the access key id starts with AKIA, the secret key is 40 characters",),
+    ),
     Rule(
         "aws-access-key",
         r"(?:\b|[a-z0-9_])(?P<secret>(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16})(?:\b|[a-z_])",
@@ -519,9 +599,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "aws-secret-key",
-        r"(?i:aws_?secret_?(?:access_?)?key)(?:\\*[\"'])?[ \t]*[:=][ \t]*(?:\\*[\"'])?(?P<secret>[A-Za-z0-9/+=]{40})",
+        r"(?i:aws_?secret_?(?:access_?)?key)(?:\\*[\"'])?[ \t]*[:=][ \t]*(?:\\*[\"'])?(?P<secret>[A-Za-z0-9/+=]{40})"
+        # `aws configure`'s prompt, a console label: `Secret access key [None]: ...`
+        r"|(?i:secret[ _]access[ _]key)[ \t]*(?:\[[^\]\n]{0,24}\])?[ \t]*[:=\t][ \t]*(?P<secret_prompt>[A-Za-z0-9/+]{40})",
         ("secret",),
-        ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",),
+        (
+            "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "AWS Secret Access Key [None]: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
         ("where is the aws secret key setting?",),
     ),
     Rule(
@@ -579,9 +664,44 @@ RULES: tuple[Rule, ...] = (
     ),
     # -- generic assignments and phrases, last: everything specific has had its turn ---
     # `<password>...</password>`, `<ns:AccountKey>...`: an element named like a secret.
+    # A name/value pair naming a secret: k8s env lists (`- name: DB_PASSWORD` then
+    # `value: ...`), ECS JSON, .NET `<add key="DB_PASSWORD" value="..."/>`, Ant/Maven
+    # `<property name="password" value="..."/>`, `<entry key="password">...</entry>`.
+    Rule(
+        "secret-name-value",
+        r"(?i:\b(?:name|key))[\"']?[ \t]*[:=][ \t]*[\"']?(?:"
+        + ANY_NAME
+        + r")[\"']?(?:[ \t,]*(?:\r?\n[ \t]*)?[\"']?(?i:value)[\"']?[ \t]*[:=][ \t]*(?:"
+        + quoted("secret_nv")
+        + r"|(?P<secret_nvb>"
+        + MARKED
+        + r"))|[^>\n]*>(?P<secret_entry>[^<\n]+)<)"
+        # a suffixed name (`AuthToken_old`): the value must look machine-made
+        + r"|(?i:\b(?:name|key))[\"']?[ \t]*[:=][ \t]*[\"']?(?:"
+        + LOOSE_NAME
+        + r")[\"']?(?:[ \t,]*(?:\r?\n[ \t]*)?[\"']?(?i:value)[\"']?[ \t]*[:=][ \t]*[\"']?(?P<secret_nvl>"
+        + MIXED
+        + r")|[^>\n]*>(?P<secret_entryl>"
+        + MIXED
+        + r")<)",
+        ("value", "key", "name"),
+        (
+            "- name: DB_PASSWORD\n  value: q8Zxw2rT9vB4",
+            '{"name": "DB_PASSWORD", "value": "q8Zxw2rT9vB4"}',
+            '<add key="DB_PASSWORD" value="q8Zxw2rT9vB4" />',
+            '<property name="password" value="q8Zxw2rT9vB4"/>',
+            '<entry key="password">q8Zxw2rT9vB4</entry>',
+        ),
+        (
+            '{"name": "DB_HOST", "value": "db.example.org"}',
+            '<add key="token_name" value="Gold Coin" />',
+        ),
+    ),
     Rule(
         "secret-element",
-        r"<(?:[A-Za-z_][\w.\-]*:)?" + ANY_NAME + r"(?:[ \t][^>]*)?>(?P<secret>[^<]+)</",
+        r"<(?:[A-Za-z_][\w.\-]*:)?" + ANY_NAME + r"(?:[ \t][^>]*)?>(?P<secret>[^<]+)<\\?/"
+        # a suffixed name (`<password_prod>`): the value must look machine-made
+        r"|<(?:[A-Za-z_][\w.\-]*:)?" + LOOSE_NAME + r">(?P<secret_loose>" + MIXED + r")<\\?/",
         ("pass", "pwd", "secret", "key", "token", "credential"),
         ("<password>hunter2</password>", "<aws_session_secret>q8Zx</aws_session_secret>"),
         ("<password/>", "<token>", "<name>password</name>"),
@@ -591,7 +711,7 @@ RULES: tuple[Rule, ...] = (
         "cli-secret-flag",
         r"(?:^|[\s\"'`])(?:--?(?:"
         + NAME
-        + r"|pass)(?:=|[ \t]+)(?:\\*[\"'])?(?P<secret>"
+        + r"|pass)(?:[ \t]*=[ \t]*|[ \t]+)(?:\\*[\"'])?(?P<secret>"
         + VALUE
         + r"+)"
         r"|-p(?P<secret_glued>[A-Za-z]" + VALUE + r"*[0-9#$%&*+\-/@^|~=!]" + VALUE + r"*"
@@ -630,6 +750,8 @@ RULES: tuple[Rule, ...] = (
         # machine-made, letters with digits or symbols, quoted or not
         + r"|(?:"
         + LOOSE_NAME
+        + "|"
+        + SHORT_NAME
         + r")"
         + NAME_END
         + ASSIGN
@@ -645,7 +767,7 @@ RULES: tuple[Rule, ...] = (
         + ANY_NAME
         + r")[\"'][ \t]*,[ \t]*"
         + quoted("secret_pair"),
-        ("pass", "pwd", "secret", "key", "token", "credential"),
+        ("pass", "pwd", "secret", "key", "token", "credential", "auth", "pw"),
         (
             "password=hunter2",
             "auth_token: Basic dXNlcjpwYXNzd29yZA==",
@@ -680,9 +802,17 @@ RULES: tuple[Rule, ...] = (
         "password-phrase",
         r"(?i:\b(?:(?:my|the|our|your|his|her|their)[ \t]+)?(?:password|passwd|pw|passcode|passphrase|"
         r"pin|api[ _\-]?key|secret[ _\-]?key|access[ _\-]?key|token|secret)[ \t]+(?:is|was)[ \t]*:?)"
-        r"[ \t]+(?P<secret>" + PHRASE_VALUE + ")",
+        # the value may be quoted or a code span, or on the next line after `is:`
+        r"(?:[ \t]+|[ \t]*\r?\n[ \t]*)(?:\\*[\"'`])?(?P<secret>" + PHRASE_VALUE + ")",
         ("pass", "pw", "pin", "key", "token", "secret"),
-        ("my password is Tr0ub4dor&3", "the passcode was 8812-ab", "api key is q8Zx!w2rT9vB4"),
+        (
+            "my password is Tr0ub4dor&3",
+            "the passcode was 8812-ab",
+            "api key is q8Zx!w2rT9vB4",
+            'the password is "q8Zxw2rT9vB4"',
+            "the password is: `q8Zxw2rT9vB4`",
+            "password is:\nq8Zxw2rT9vB4",
+        ),
         (
             "the password is ok",
             "my pin is 42",
