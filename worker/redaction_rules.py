@@ -19,8 +19,10 @@ Value shapes (a family decision, pinned by tests/test_redaction_rules.py):
   digit or symbol (`hunter2`, `correct-horse`), or 8+ letters (`swordfish1` and
   `changeme` alike); a common word (`Secret: Santa`, `pass = TRUE`) stays;
 - a word-like value (no digit or symbol) directly followed by `(` or `[` is
-  code (`getpass()`, `os.environ["X"]`), not a secret; one with a digit or
-  symbol is a secret even glued to punctuation;
+  code (`getpass()`, `os.environ["X"]`), not a secret, and so is any identifier
+  directly followed by `(`, digits or not (`llList2String(tokens, 0)`: the
+  check after the match in worker/redaction.py); a value with a digit or symbol
+  glued to other punctuation is still a secret;
 - `... is <value>` phrases (`my password is ...`, `api key is ...`) need a digit
   or symbol in the value, so `my password is too weak lol` stays.
 A name describing a secret rather than holding one (`token_name`, `sort_key`,
@@ -736,8 +738,9 @@ RULES: tuple[Rule, ...] = (
         + quoted("secret_q")
         + "|"
         + YAML_BLOCK
-        # a value with a digit or symbol is a secret even glued to `(` or `[`; a
-        # word-like one followed by `(` or `[` is code: `getpass()`, `os.environ[...]`
+        # a word-like value followed by `(` or `[` is code: `getpass()`,
+        # `os.environ[...]`; an identifier with digits followed by `(` is dropped
+        # after the match (worker/redaction.py), since it is a call too
         + r"|(?:\\*[\"'`])?(?P<secret_bare>(?:(?i:bearer|basic|digest|token)[ \t]+)?"
         + MARKED
         + r")"
