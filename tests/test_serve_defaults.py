@@ -110,10 +110,7 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
             )
             for n in range(5)
         ]
-        deadline = time.monotonic() + DEADLINE
-        while client.xlen("gm:outbound") < len(sent):
-            assert time.monotonic() < deadline, "not answered"
-            time.sleep(0.05)
+        _until(lambda: client.xlen("gm:outbound") >= len(sent), "every message answered")
     finally:
         # When the operator presses Ctrl-C (once, or twice)
         out = _ctrl_c(process, presses)
