@@ -19,7 +19,7 @@ local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
 local LIMIT_FIELDS = {
   'max_turns', 'low_turns', 'max_session_bytes', 'low_session_bytes', 'max_tools', 'low_tools',
   'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
-  'archive', 'max_archive_segments', 'max_archive_bytes',
+  'archive', 'max_archive_segments', 'max_archive_bytes', 'sweep_batch',
 }
 -- Spelled with `..` alone: a function library's load-time code cannot reach the
 -- string library (FUNCTION LOAD refuses it).
@@ -321,6 +321,29 @@ end
 local function is_expired(lru_key, member, channel, now)
   local last = tonumber(redis.call('ZSCORE', lru_key, member))
   return last == nil or now - last >= TTL_MS[channel], last
+end
+
+-- Expire up to `batch` sessions of the shard idle for at least their channel's
+-- TTL at store time `now` (event expired_inactivity each), oldest activity first,
+-- public then IM. The LRU index's score is last activity, so the victims are one
+-- range read per channel: O(log n + batch), nothing when none is due. Used by
+-- sweep_idle, and by record_turn for a few sessions a write (never the session
+-- it writes: record_turn ends that one itself if it expired, and a live one is
+-- not due).
+-- Returns the number of sessions expired.
+local function expire_idle(shard, now, batch)
+  local expired = 0
+  for _, channel in ipairs({ 'public', 'im' }) do
+    if expired < batch then
+      local cutoff = now - TTL_MS[channel]
+      local victims = redis.call('ZRANGEBYSCORE', shard.lru[channel], '-inf', cutoff, 'LIMIT', 0, batch - expired)
+      for _, m in ipairs(victims) do
+        end_session(shard, session_keys(shard.prefix, m), m, 'expired_inactivity')
+        expired = expired + 1
+      end
+    end
+  end
+  return expired
 end
 
 -- ---------------------------------------------------------------- compaction

@@ -6,6 +6,10 @@
 -- summary (event compacted; summary_trimmed when old lines drop). Over the
 -- shard's session or byte bound, least-recently-active sessions other than this
 -- one are removed whole (evicted_session_limit / evicted_aggregate_bytes).
+-- Every write also expires up to limits.sweep_batch other sessions of the shard
+-- idle past their TTL (expired_inactivity each, oldest first; before the shard
+-- bounds are checked), so a store that is only written and read frees expired
+-- chat without anyone calling sweep().
 -- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)   sid, created, active, turns, bytes, tools
 -- KEYS[2]  = gm:{shard}:s:<uuid>:<ch>:turns    (zset)   score = seq, member = record
 -- KEYS[3]  = gm:{shard}:s:<uuid>:<ch>:idem     (hash)   idempotency key -> receipt
@@ -28,7 +32,8 @@
 -- ARGV[8]  = redactions (integer >= 0), kept for a repeated receipt
 -- ARGV[9]  = truncated (0|1), kept for a repeated receipt
 -- ARGV[10] = max_events (exact MAXLEN of the event stream)
--- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (lib.lua)
+-- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (lib.lua);
+--            sweep_batch = most other expired sessions this call ends (0: none)
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
@@ -106,6 +111,9 @@ keep_session_bounds(shard, s, sid, member, limits)
 
 local bytes = s.turn_bytes + s.summary_bytes
 redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
+-- A few idle sessions of this shard go with every write, before the bound check
+-- below counts them: expired chat leaves even if nobody ever sweeps.
+expire_idle(shard, now, limits.sweep_batch)
 local total = redis.call('HINCRBY', shard.stats, 'bytes', bytes - old_bytes + (s.archive_delta or 0))
 if redactions > 0 then redis.call('HINCRBY', shard.stats, 'redactions', redactions) end
 

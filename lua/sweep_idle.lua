@@ -24,15 +24,4 @@ if err then return err end
 
 local shard = shard_context(KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[5], max_events, wall)
 local now = store_now(KEYS[4], boot, mono, wall, true)
-local expired = 0
-for _, channel in ipairs({ 'public', 'im' }) do
-  if expired < batch then
-    local cutoff = now - TTL_MS[channel]
-    local victims = redis.call('ZRANGEBYSCORE', shard.lru[channel], '-inf', cutoff, 'LIMIT', 0, batch - expired)
-    for _, m in ipairs(victims) do
-      end_session(shard, session_keys(shard.prefix, m), m, 'expired_inactivity')
-      expired = expired + 1
-    end
-  end
-end
-return expired
+return expire_idle(shard, now, batch)

@@ -101,6 +101,13 @@ def said(who: str, channel: Channel) -> list[str]:
     return [f"{who[-4:]} says {i} on {channel.value}" for i in range(3)]
 
 
+def idle_expire(clock: ManualClock) -> None:
+    """The idle sessions become exactly one TTL old: expired. A test calls it after
+    fill(), since every write expires a few idle sessions itself (record_turn), and
+    these must still be there for the full server's reads and sweep to meet."""
+    clock.advance(1000)
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
@@ -108,7 +115,8 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def store(server: EmbeddedValkey, clock: ManualClock) -> ConversationStore:
-    """Talkers on both channels, idle public sessions past their TTL, one operator deletion."""
+    """Talkers on both channels, idle public sessions 1 s short of their TTL (see
+    idle_expire), one operator deletion."""
     store = ConversationStore(server.client(), ConversationConfig(), clock=clock)
     for who in IDLE:
         store.record(who, Channel.PUBLIC, AvatarMessage(text="going quiet"))
@@ -117,7 +125,6 @@ def store(server: EmbeddedValkey, clock: ManualClock) -> ConversationStore:
         for channel in Channel:
             for text in said(who, channel):
                 store.record(who, channel, AvatarMessage(text=text))
-    clock.advance(1000)  # the idle sessions are now exactly one TTL old: expired
     assert store.delete(TALKERS[-1], Channel.PUBLIC)  # an event to read back
     return store
 
@@ -142,10 +149,11 @@ def test_a_full_server_refuses_a_record_whole(
 
 
 def test_a_full_server_still_serves_every_read(
-    server: EmbeddedValkey, store: ConversationStore
+    server: EmbeddedValkey, store: ConversationStore, clock: ManualClock
 ) -> None:
     client = server.client()
     fillers = fill(client, store)
+    idle_expire(clock)
     keep_full(client, store)
     # context and read_page give back what was said
     for who in TALKERS[:-1]:
@@ -172,10 +180,11 @@ def test_a_full_server_still_serves_every_read(
 
 
 def test_a_full_server_still_deletes_expires_and_sweeps(
-    server: EmbeddedValkey, store: ConversationStore
+    server: EmbeddedValkey, store: ConversationStore, clock: ManualClock
 ) -> None:
     client = server.client()
     fill(client, store)
+    idle_expire(clock)
     # delete
     keep_full(client, store)
     assert store.delete(TALKERS[0], Channel.IM)

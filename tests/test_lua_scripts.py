@@ -20,6 +20,7 @@ from worker.errors import BadScriptArgument, CorruptState, ScriptError
 from worker.keys import KeySpace
 from worker.records import Channel
 from worker.scripts import (
+    LIMIT_FIELDS,
     SCRIPT_NAMES,
     ClockReading,
     Scripts,
@@ -78,6 +79,12 @@ def record_args(**over: Any) -> list[Any]:
     return list(args.values())
 
 
+def _with_sweep_batch(batch: int) -> str:
+    """LIMITS with another sweep_batch (the packet's last field)."""
+    assert LIMIT_FIELDS[-1] == "sweep_batch"
+    return f"{LIMITS.rsplit(',', 1)[0]},{batch}"
+
+
 class TestRecordTurn:
     def test_new_then_existing_then_duplicate(self, run: Run) -> None:
         first = run("record_turn", RECORD_KEYS, record_args(idempotency_key="k1", redactions=2))
@@ -99,9 +106,42 @@ class TestRecordTurn:
         later = record_args(now_mono=str(1000 + 1_800_000), session_id="cd" * 16)
         assert _s(run("record_turn", RECORD_KEYS, later)) == ["cd" * 16, 2, 1, 0, 0, 0]
 
+    def test_write_expires_other_idle_sessions_up_to_the_batch(
+        self, run: Run, redis: redis_py.Redis
+    ) -> None:
+        # Given three sessions written at NOW (ties sort by member: avatar 1, 2, 3)
+        others = [KEYSPACE.session(avatar(n), Channel.PUBLIC)[0] for n in (2, 3)]
+        run("record_turn", RECORD_KEYS, record_args())
+        for other in others:
+            run("record_turn", [*other.all(), *RECORD_KEYS[5:]], record_args(member=other.member))
+        # When a fourth resident writes exactly one TTL later, with sweep_batch 2
+        writer, _ = KEYSPACE.session(avatar(9), Channel.PUBLIC)
+        later = str(int(NOW[0]) + 1_800_000)
+        reply = run(
+            "record_turn",
+            [*writer.all(), *RECORD_KEYS[5:]],
+            record_args(now_mono=later, member=writer.member, limits=_with_sweep_batch(2)),
+        )
+        # Then its receipt is as before, and the two oldest are gone whole, with events
+        assert _s(reply) == [SID, 4, 1, 0, 0, 0]
+        assert _s(redis.zrange(SHARD.sessions, 0, -1)) == [others[1].member, writer.member]
+        assert redis.exists(*SESSION.all(), *others[0].all()) == 0
+        reasons = [_s(f[b"reason"]) for _, f in redis.xrange(SHARD.events)]
+        assert reasons == ["expired_inactivity"] * 2
+        kept = sum(int(redis.hget(s.meta, "bytes")) for s in (others[1], writer))
+        assert int(redis.hget(SHARD.stats, "bytes")) == kept
+        # And with sweep_batch 0 a write expires nobody else
+        run(
+            "record_turn",
+            [*writer.all(), *RECORD_KEYS[5:]],
+            record_args(now_mono=later, member=writer.member, limits=_with_sweep_batch(0)),
+        )
+        assert redis.zscore(SHARD.lru_public, others[1].member) is not None
+
     @pytest.mark.parametrize(
         ("packet", "message"),
         [
+            (LIMITS.rsplit(",", 1)[0] + ",-1", "GM_BADARG limits.sweep_batch"),
             (LIMITS.replace(",", ",x", 1), "GM_BADARG limits.low_turns"),
             (LIMITS.replace(",", ",-1", 1), "GM_BADARG limits.low_turns"),
             ("", "GM_BADARG limits"),

@@ -76,12 +76,18 @@ LIMIT_FIELDS: tuple[str, ...] = (
     "archive",
     "max_archive_segments",
     "max_archive_bytes",
+    "sweep_batch",
 )
 # Compaction folds a session down to this share of each bound, so it runs once
 # every quarter-bound of turns rather than on every turn.
 LOW_WATER = 0.75
 # Sessions one record_turn call may end to get back under the shard's bounds.
 MAX_EVICTIONS_PER_CALL = 1000
+# Other sessions idle past their TTL that one record_turn call expires (lib.lua
+# expire_idle), so a store nobody sweeps still frees expired chat as it is written
+# to. More than one: a write opens at most one session, so expired ones drain
+# faster than they come. Few: each victim costs the write seven more commands.
+WRITE_SWEEP_BATCH = 4
 
 
 def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
@@ -104,6 +110,7 @@ def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
         "archive": int(archive),
         "max_archive_segments": limits.max_archive_segments,
         "max_archive_bytes": limits.max_archive_bytes,
+        "sweep_batch": WRITE_SWEEP_BATCH,
     }
     return ",".join(str(values[field]) for field in LIMIT_FIELDS)
 
