@@ -66,6 +66,7 @@ T = TypeVar("T")
 Op = Generator[ScriptCall[Any] | ReadCall[Any], Any, T]
 
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
+# (Each record() also expires a few: scripts.WRITE_SWEEP_BATCH, in the limits packet.)
 SWEEP_BATCH = 200
 # A writing store publishes its layout and limits again this often (publish_limits),
 # so a server restarted or flushed behind its back shows them to operators again.
@@ -237,6 +238,8 @@ class Operations:
         return removed
 
     def sweep(self, limit: object = 1000) -> Op[int]:
+        """Expire idle sessions of every shard. Writes already expire a few of their
+        shard's each (record_turn); this frees the rest, e.g. when nobody writes."""
         budget = clamped_int(limit, "limit", 0, 1_000_000)
         total = 0
         for shard in self.keys.all_shards():
