@@ -184,6 +184,7 @@ def hear(bridge: Bridge) -> None:
                 raise ValueError("not an object")
             bridge.post({k: str(v) for k, v in message.items()})
         except (ValueError, redis.RedisError) as exc:
+            # a real bridge would retry a Redis error, or tell the resident
             log.warning("message not posted: %s", type(exc).__name__)
 
 

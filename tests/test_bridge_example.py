@@ -195,6 +195,14 @@ def test_each_message_gets_one_reply_across_a_restart_and_repeats_are_dropped(
                 second.stop(signal.SIGTERM)
         finally:
             _stop(service)
+    # the display names the bridge passed on reached the model, as each message's name
+    named = {
+        m["content"]: m.get("name")
+        for body in llm.requests
+        for m in body["messages"]
+        if m["role"] == "user"
+    }
+    assert [named[f"hello {n}"] for n in range(6)] == [f"Res_{n}" for n in range(6)]
     shown = [r["in_reply_to"] for r in first.shown + second.shown]
     # every message answered and shown exactly once, both repeats dropped
     assert sorted(shown) == sorted(everything), (shown, everything)

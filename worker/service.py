@@ -11,7 +11,9 @@ and are answered in arrival order, however many processes or hosts run.
 Per entry: record the avatar's words (idempotency key = entry ID), build the
 context, ask the LLM with the configured system prompt, record the visible reply
 (idempotency key = entry ID + ":reply"), publish the reply (as stored: redacted)
-on the outbound stream, then acknowledge and delete the entry. A crash anywhere
+on the outbound stream, then acknowledge and delete the entry. The entry's
+`avatar_name` reaches the model only, as the `name` of the resident's message
+(llm.display_name: redacted, sanitised); it is never stored. A crash anywhere
 is safe: the lease runs out, another worker claims the key and redoes the entry;
 the idempotency keys keep the store exactly-once, and a reply already recorded
 is re-published rather than asked again (outbound is at-least-once; the bridge
