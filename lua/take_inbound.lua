@@ -8,7 +8,9 @@
 -- dies first the key is adopted like any other, so no such entry is stranded
 -- between this read and its dead letter. Fields are compared as bytes, never
 -- decoded, so a UUID or channel holding bytes that are not UTF-8 is just not a
--- valid one.
+-- valid one. Both are matched in any ASCII case and filed lowercase (`IM` under
+-- `<uuid>:im`, as worker/validate.py parse_channel reads it); a channel with any
+-- other byte (whitespace, a full-width or Cyrillic look-alike) is bad_channel.
 -- KEYS[1] = gm:inbound              (stream)  inbound entries
 -- KEYS[2] = {gm:inbound}:ready      (set)     keys with entries waiting
 -- KEYS[3] = {gm:inbound}:rejected   (hash)    entry ID -> dead-letter reason decided for it
@@ -29,6 +31,15 @@ local err = arg_error()
 if err then return err end
 
 local NIL_UUID = '00000000-0000-0000-0000-000000000000'
+
+-- The channel named in any ASCII case, lowercase; nil if it names none. Letters are
+-- lowered by hand: string.lower follows the C locale of the server process.
+local function channel_of(raw)
+  if not string.match(raw, '^[A-Za-z]+$') then return nil end
+  local name = string.gsub(raw, '[A-Z]', function(c) return string.char(string.byte(c) + 32) end)
+  if TTL_MS[name] == nil then return nil end
+  return name
+end
 local prefix = shard_prefix(KEYS[2])
 local reply = {}
 local ok, read = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
@@ -46,11 +57,12 @@ for _, entry in ipairs(entries or {}) do
     if fields[i] == 'channel' then channel = fields[i + 1] end
   end
   local member, reason = '', ''
+  if channel ~= nil then channel = channel_of(channel) or '' end
   if uuid == nil or channel == nil then
     reason = 'missing_field'
   elseif not string.match(string.lower(uuid), UUID_PATTERN) or string.lower(uuid) == NIL_UUID then
     reason = 'bad_uuid'
-  elseif TTL_MS[channel] == nil then
+  elseif channel == '' then
     reason = 'bad_channel'
   end
   if reason == '' then

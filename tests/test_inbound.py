@@ -34,6 +34,11 @@ def test_accepts_and_canonicalises() -> None:
     assert check_inbound(
         {"avatar_uuid": U.upper(), "channel": "im", "text": "hi", "avatar_name": "Ann"}, 100
     ) == (U, "im", "hi")
+    # a channel in any case, as a UUID (issue 13, item 11)
+    for spelled, channel in (("IM", "im"), ("Im", "im"), ("PUBLIC", "public")):
+        assert (
+            check_inbound({"avatar_uuid": U, "channel": spelled, "text": "hi"}, 100)[1] == channel
+        )
 
 
 @pytest.mark.parametrize(
@@ -54,6 +59,8 @@ def test_accepts_and_canonicalises() -> None:
         ({"avatar_uuid": "nope", "channel": "im", "text": "hi"}, "bad_uuid"),
         ({"channel": "im", "text": "hi"}, "bad_uuid"),
         ({"avatar_uuid": U, "channel": "group", "text": "hi"}, "bad_channel"),
+        ({"avatar_uuid": U, "channel": "im ", "text": "hi"}, "bad_channel"),
+        ({"avatar_uuid": U, "channel": "\uff29\uff2d", "text": "hi"}, "bad_channel"),
     ],
 )
 def test_rejections(fields: dict[str, str], reason: str) -> None:

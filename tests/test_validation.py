@@ -58,7 +58,7 @@ def test_malformed_uuid(
     assert command_counter.commands == []
 
 
-@pytest.mark.parametrize("bad", ["group", "conference", "PUBLIC", "Im", "", None, 0])
+@pytest.mark.parametrize("bad", ["group", "conference", "IM ", "\uff29\uff2d", "", None, 0])
 def test_unknown_channel(
     store: ConversationStore, command_counter: CommandCounter, bad: Any
 ) -> None:

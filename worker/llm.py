@@ -19,12 +19,15 @@ import asyncio
 import json
 import os
 import re
+import unicodedata
 from typing import Any, Protocol
 
 import httpx
 import tenacity
 
 from worker.config import LlmSettings
+from worker.context import ACTION_RESULT_HEAD, SUMMARY_HEADER, TOOL_RESULT_HEAD
+from worker.redaction import Redactor
 
 FAILURE_NOTICE = (
     "(Sorry, I can't answer right now: my language model is not responding. "
@@ -52,6 +55,65 @@ _INVISIBLE = (
 )
 # A character a reader would see: anything else.
 _VISIBLE = re.compile(f"[^{_INVISIBLE}]")
+
+
+# A resident's display name goes to the model as the OpenAI `name` of their message.
+# OpenAI has checked that field against ^[a-zA-Z0-9_-]{1,64}$, ^[a-zA-Z0-9_-]+$ and
+# ^[^\s<|\\/>]+$ over the years; a name of these characters passes all three.
+NAME_MAX_CHARS = 64
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+# Rounds of sanitise-then-redact before a name is dropped (real names settle in one).
+_NAME_ROUNDS = 3
+_NOT_THEIRS = (TOOL_RESULT_HEAD, ACTION_RESULT_HEAD, SUMMARY_HEADER)
+
+
+def display_name(raw: str, redactor: Redactor) -> str | None:
+    """A resident's display name as the `name` field of their message, or None.
+
+    Redacted first, as pasted (a secret is recognised in its own shape, and the
+    redactor sees through invisible and full-width characters); then folded (NFKD,
+    accents dropped: "Zoë" -> "Zoe"), each run of characters OpenAI does not take
+    made one `_` ("Ann Resident" -> "Ann_Resident", a redaction marker ->
+    "REDACTED_<rule>"), and cut to 64 characters.
+    Sanitising or cutting can shape a new match (`password = x` -> `password_x`), so
+    the result is redacted again until nothing changes. Nothing usable left (a name
+    of emoji, or one that does not settle): None, and the message goes without a
+    name. Little fits in it (one 64-character word of letters, digits, `_` and `-`),
+    and it is the resident's own claim, untrusted like their words.
+    """
+    text = redactor.redact(raw)[0]
+    for _ in range(_NAME_ROUNDS):
+        name = _NOT_NAME.sub("_", _fold(text)).strip("_")
+        name = name[:NAME_MAX_CHARS].rstrip("_")
+        text = redactor.redact(name)[0]
+        if text == name:
+            return name or None
+    return None
+
+
+def _fold(text: str) -> str:
+    """Compatibility forms folded and accents dropped: "Ｚｏë" -> "Zoe"."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+def with_name(messages: list[Message], name: str | None) -> list[Message]:
+    """`messages` with `name` on the resident's newest message, the one being answered.
+
+    Only that one, and never on a tool or action result or the summary (user-role
+    data too, not the resident's words): an agent may record a tool result into the
+    session between the resident's message and this request. A resident who opens
+    a message like a tool result only goes unnamed.
+    """
+    if name is None:
+        return messages
+    for message in reversed(messages):
+        if message["role"] == "assistant":
+            break  # the resident's newest message comes after the agent's last reply
+        if message["role"] == "user" and not message["content"].startswith(_NOT_THEIRS):
+            message["name"] = name
+            break
+    return messages
 
 
 class LlmUnavailable(Exception):

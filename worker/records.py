@@ -17,10 +17,36 @@ from worker.errors import InvalidRecord
 
 
 class Channel(StrEnum):
-    """Where a resident talks to the agent. Group and conference chat are not representable."""
+    """Where a resident talks to the agent. Group and conference chat are not representable.
+
+    Names are matched in any ASCII case and canonicalised to lowercase, as UUIDs are:
+    `Channel("IM") is Channel.IM`. Only ASCII letters count, and nothing around them:
+    full-width or Cyrillic look-alikes, a dotted capital I (U+0130), or `"im "` with
+    its space, name no channel.
+    """
 
     PUBLIC = "public"
     IM = "im"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Channel | None:
+        return channel_named(value) if isinstance(value, str) else None
+
+
+def channel_named(text: str) -> Channel | None:
+    """The channel `text` names, in any ASCII case; None for anything else.
+
+    `text` must be a plain str (validate.plain_str): a subclass's lower() or __eq__
+    is never asked. ASCII is checked first, so Unicode case rules (which map some
+    non-ASCII letters onto ASCII ones, as the Kelvin sign onto `k`) play no part.
+    """
+    if not text.isascii():
+        return None
+    lowered = text.lower()
+    for channel in Channel:
+        if lowered == channel.value:
+            return channel
+    return None
 
 
 # Inactivity TTLs, exact (DESIGN section 4). lua/lib.lua holds the same numbers;

@@ -11,7 +11,9 @@ and are answered in arrival order, however many processes or hosts run.
 Per entry: record the avatar's words (idempotency key = entry ID), build the
 context, ask the LLM with the configured system prompt, record the visible reply
 (idempotency key = entry ID + ":reply"), publish the reply (as stored: redacted)
-on the outbound stream, then acknowledge and delete the entry. A crash anywhere
+on the outbound stream, then acknowledge and delete the entry. The entry's
+`avatar_name` reaches the model only, as the `name` of the resident's message
+(llm.display_name: redacted, sanitised); it is never stored. A crash anywhere
 is safe: the lease runs out, another worker claims the key and redoes the entry;
 the idempotency keys keep the store exactly-once, and a reply already recorded
 is re-published rather than asked again (outbound is at-least-once; the bridge
@@ -65,11 +67,14 @@ from worker.llm import (
     LlmUnavailable,
     build_chat_client,
     clean_reply,
+    display_name,
     has_visible_text,
+    with_name,
 )
 from worker.records import AgentReply, AvatarMessage, Receipt
+from worker.redaction import DEFAULT_REDACTOR
 from worker.scripts import AttemptCount, KeyStep
-from worker.store import RETRYABLE, AsyncConversationStore, connect_async
+from worker.store import OFFLOAD_TEXT_CHARS, RETRYABLE, AsyncConversationStore, connect_async
 from worker.validate import canonical_uuid, parse_channel
 
 log = logging.getLogger("gridmem.worker")
@@ -561,7 +566,7 @@ class Worker:
             return
         if not seen:
             metrics.RECORDS.labels("avatar_message").inc()
-        reply = await self._ask(uuid, channel)
+        reply = await self._ask(uuid, channel, await _display_name(fields.get("avatar_name")))
         answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
         await self._publish(
             uuid, channel, await self.store.stored_text(reply), entry_id, answered.session_id
@@ -593,11 +598,13 @@ class Worker:
         metrics.RECORDS.labels("agent_reply").inc()
         return answered, cleaned
 
-    async def _ask(self, uuid: str, channel: str) -> str:
+    async def _ask(self, uuid: str, channel: str, name: str | None) -> str:
+        """The model's answer to the key's context, `name` (the resident's display
+        name, redacted and sanitised) on their newest message."""
         with metrics.CONTEXT_SECONDS.time():
             context = await self.store.context(uuid, channel)
         messages = [{"role": "system", "content": self.settings.llm.system_prompt}]
-        messages += [m.to_openai() for m in context]
+        messages = with_name(messages + [m.to_openai() for m in context], name)
         try:
             with metrics.LLM_SECONDS.time():
                 return await self.chat.complete(messages)
@@ -633,6 +640,19 @@ class Worker:
                 max_entries=OUTBOUND_MAX_ENTRIES,
             )
         )
+
+
+async def _display_name(raw: str | None) -> str | None:
+    """The entry's avatar_name as the model will see it (llm.display_name), or None.
+
+    Never stored, logged or published: it reaches the model only. A long one is
+    redacted in a thread, as a long text is, so it does not stall the event loop.
+    """
+    if not raw:
+        return None
+    if len(raw) > OFFLOAD_TEXT_CHARS:
+        return await asyncio.to_thread(display_name, raw, DEFAULT_REDACTOR)
+    return display_name(raw, DEFAULT_REDACTOR)
 
 
 def _entry_ids(found: Any) -> list[str]:

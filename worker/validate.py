@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from worker.errors import InvalidAvatarId, InvalidChannel, InvalidInput
-from worker.records import Channel
+from worker.records import Channel, channel_named
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
@@ -53,16 +53,17 @@ def canonical_uuid(value: object, field: str = "avatar_uuid") -> str:
 
 
 def parse_channel(value: object) -> Channel:
-    """Channel.PUBLIC or Channel.IM. Group and conference chat are not representable."""
+    """Channel.PUBLIC or Channel.IM, named in any ASCII case (`IM`, `Public`), like a
+    UUID; no whitespace, no look-alikes. Group and conference chat are not representable."""
     if isinstance(value, Channel):
         return value
     text = plain_str(value)  # compared as a plain str: a subclass's __eq__ is not asked
-    for channel in Channel:
-        if text == channel.value:
-            return channel
-    raise InvalidChannel(
-        "channel", "must be 'public' or 'im' (group/conference chat is not stored)"
-    )
+    channel = channel_named(text) if text is not None else None
+    if channel is None:
+        raise InvalidChannel(
+            "channel", "must be 'public' or 'im', in any case (group/conference chat is not stored)"
+        )
+    return channel
 
 
 def idempotency_key(value: object) -> str:
