@@ -53,7 +53,7 @@ ENDINGS = {
     ReasonCode.EVICTED_SESSION_LIMIT,
     ReasonCode.EVICTED_AGGREGATE_BYTES,
 }
-NO_EVENT = "gone, no event kept"
+NO_EVENT = "no event read"  # expired and not swept yet, or its event trimmed
 LINES = [
     "hi! is the sandbox open today?",
     "where can I buy a boat in this region?",
