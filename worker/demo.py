@@ -385,8 +385,8 @@ def print_report(r: DemoReport, settings: Settings, out: TextIO) -> None:
         ("messages answered", f"{r.answered} of {r.sent} sent by residents"),
         ("dead letters", f"{r.dead_letters} "
          f"(expected: {r.expected_dead_letters} deliberate bad entries)"),
-        ("latency in a burst", f"{_latency(r.latencies_ms)} inbound -> outbound, waiting in "
-         f"the queue included: {len(r.latencies_ms)} messages sent at once, all answered in "
+        ("latency in a burst", f"{_latency(r.latencies_ms)} inbound -> outbound, queueing "
+         f"included: {len(r.latencies_ms)} messages sent at once, all answered in "
          f"{r.burst_seconds:.1f} s ({rate:.0f}/s)"),
         ("latency one at a time", f"{_latency(r.single_ms, 'max')} over {len(r.single_ms)} "
          "messages, each sent after the reply before (no queue: the service time)"),
