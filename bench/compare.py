@@ -52,6 +52,7 @@ from worker import AgentReply, AvatarMessage, ConversationConfig, ConversationSt
 from worker.context import ENTRY_CACHE
 from worker.embedded import EmbeddedValkey
 from worker.keys import KeySpace
+from worker.progress import step
 from worker.records import Channel
 from worker.scripts import ClockReading, Scripts, limits_packet
 
@@ -178,19 +179,6 @@ def timed(store: Store, phase: str, op: Callable[[int], object], ops: int) -> No
     store.rates.setdefault(phase, []).append(ops / (time.perf_counter() - start))
 
 
-def progress(label: str, done: int, total: int) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    print(
-        f"\r  {label:<22} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
-    if done == total:
-        print(file=sys.stderr)
-
-
 def fill(store: Store, sessions: range, turns: int) -> None:
     for s in sessions:
         for t in range(turns):
@@ -204,11 +192,12 @@ ROTATING = ENTRY_CACHE.size * 5 // 4 // 20
 
 def run_phases(stores: list[Store], rounds: int, ops: int, sessions: int) -> None:
     # histories of 20 and of 200 turns, for every store alike
-    for n, store in enumerate(stores):
-        fill(store, range(10_000, 10_000 + sessions), 20)
-        fill(store, range(20_000, 20_000 + max(10, sessions // 10)), 200)
-        fill(store, range(30_000, 30_000 + ROTATING), 20)
-        progress("filling", n + 1, len(stores))
+    with step(sys.stderr, "filling", len(stores)) as bar:
+        for n, store in enumerate(stores):
+            fill(store, range(10_000, 10_000 + sessions), 20)
+            fill(store, range(20_000, 20_000 + max(10, sessions // 10)), 200)
+            fill(store, range(30_000, 30_000 + ROTATING), 20)
+            bar(n + 1)
     turn = [0]
     history_200 = max(10, sessions // 10)
     # phase -> (the operation, untimed warm-up calls first): reads are timed in the
@@ -225,16 +214,17 @@ def run_phases(stores: list[Store], rounds: int, ops: int, sessions: int) -> Non
         "history 20": (lambda st: lambda i: st.read(10_000 + i % sessions), sessions),
         "history 200": (lambda st: lambda i: st.read(20_000 + i % history_200), history_200),
     }
-    for r in range(rounds):
-        for phase, (make, warm_up) in phases.items():
-            order = stores if r % 2 == 0 else list(reversed(stores))
-            for store in order:
-                op = make(store)
-                for i in range(warm_up):
-                    op(i)
-                timed(store, phase, op, ops if phase != "history 200" else max(50, ops // 5))
-        turn[0] += ops // sessions + 1
-        progress("alternating rounds", r + 1, rounds)
+    with step(sys.stderr, "alternating rounds", rounds) as bar:
+        for r in range(rounds):
+            for phase, (make, warm_up) in phases.items():
+                order = stores if r % 2 == 0 else list(reversed(stores))
+                for store in order:
+                    op = make(store)
+                    for i in range(warm_up):
+                        op(i)
+                    timed(store, phase, op, ops if phase != "history 200" else max(50, ops // 5))
+            turn[0] += ops // sessions + 1
+            bar(r + 1)
 
 
 def memory_per_session(
@@ -381,10 +371,13 @@ def main() -> None:
             stores = [make(client) for make in makers]
             run_phases(stores, args.rounds, args.ops, args.sessions)
             memory = {}
-            for n, make in enumerate(makers):
-                store_name = make(server.client()).name
-                memory[store_name] = memory_per_session(server, make, 200 if args.quick else 1000)
-                progress("memory", n + 1, len(makers))
+            with step(sys.stderr, "memory", len(makers)) as bar:
+                for n, make in enumerate(makers):
+                    store_name = make(server.client()).name
+                    memory[store_name] = memory_per_session(
+                        server, make, 200 if args.quick else 1000
+                    )
+                    bar(n + 1)
             blocked = unrunnable_peers(server.url)
             ceiling = server_ceiling(server, 20_000 if args.quick else 100_000)
             report(stores, memory, blocked, ceiling, args)

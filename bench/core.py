@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from worker import AgentReply, AvatarMessage, ConversationStore
 from worker.embedded import EmbeddedValkey
+from worker.progress import step
 
 BASE_RECORD = (
     "local s = redis.call('INCR', KEYS[2]) "
@@ -92,15 +93,15 @@ def measure(pairs: dict[str, tuple[Op, Op]], rounds: int, ops: int) -> dict[str,
     for g, b in pairs.values():  # warm up: script load, connection
         Side().run(g, 200)
         Side().run(b, 200)
-    for r in range(rounds):
-        for name, (g, b) in pairs.items():
-            ours, base = results[name]
-            # alternate which side goes first, so drift on a noisy machine cancels out
-            order = [(ours, g), (base, b)] if r % 2 == 0 else [(base, b), (ours, g)]
-            for side, fn in order:
-                side.run(fn, ops)
-        print(f"\r  round {r + 1}/{rounds}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    with step(sys.stderr, "alternating rounds", rounds) as bar:
+        for r in range(rounds):
+            for name, (g, b) in pairs.items():
+                ours, base = results[name]
+                # alternate which side goes first, so drift on a noisy machine cancels out
+                order = [(ours, g), (base, b)] if r % 2 == 0 else [(base, b), (ours, g)]
+                for side, fn in order:
+                    side.run(fn, ops)
+            bar(r + 1)
     return results
 
 

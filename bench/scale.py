@@ -34,6 +34,7 @@ from worker import (
     ToolSummary,
 )
 from worker.embedded import EmbeddedValkey
+from worker.progress import step
 
 PRESSURE = Limits(
     max_active_sessions=5000,
@@ -113,22 +114,17 @@ def run(
             client, ConversationConfig(limits=limits), clock=ManualClock()
         )
         seconds[name] = 0.0
-    for start in range(0, len(work), CHUNK):
-        chunk = work[start : start + CHUNK]
-        for name, store in stores.items():
-            clock = store.clock
-            t = time.perf_counter()
-            for who, channel, record in chunk:
-                store.record(who, channel, record)  # type: ignore[arg-type]
-                clock.advance(50)  # type: ignore[attr-defined]
-            seconds[name] += time.perf_counter() - t
-        print(
-            f"\r  {min(start + CHUNK, len(work))}/{len(work)} records",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(file=sys.stderr)
+    with step(sys.stderr, "records", len(work)) as bar:
+        for start in range(0, len(work), CHUNK):
+            chunk = work[start : start + CHUNK]
+            for name, store in stores.items():
+                clock = store.clock
+                t = time.perf_counter()
+                for who, channel, record in chunk:
+                    store.record(who, channel, record)  # type: ignore[arg-type]
+                    clock.advance(50)  # type: ignore[attr-defined]
+                seconds[name] += time.perf_counter() - t
+            bar(min(start + CHUNK, len(work)))
     report(work, stores, seconds, baselines)
 
 

@@ -31,6 +31,7 @@ import redis
 from tests.helpers import avatar
 from worker.config import Settings
 from worker.localllm import LocalChatServer
+from worker.progress import step
 from worker.service import GROUP
 from worker.supervisor import Supervisor
 
@@ -80,24 +81,19 @@ def run_case(
         latencies: list[float] = []
         cursor = "0-0"
         last = start
-        while len(latencies) < messages:
-            found = client.xread({"gm:outbound": cursor}, count=1000, block=1000)
-            now = time.perf_counter()
-            for _, entries in found or ():
-                for entry_id, fields in entries:
-                    cursor = entry_id
-                    if fields["in_reply_to"] in sent:
-                        latencies.append(now - sent.pop(fields["in_reply_to"]))
-                        last = now
-            print(
-                f"\r  {processes} process(es): {len(latencies)}/{messages}",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-            if now - start > 600:
-                raise RuntimeError("too slow: gave up after 600 s")
-        print(file=sys.stderr)
+        with step(sys.stderr, f"{processes} process(es)", messages) as bar:
+            while len(latencies) < messages:
+                found = client.xread({"gm:outbound": cursor}, count=1000, block=1000)
+                now = time.perf_counter()
+                for _, entries in found or ():
+                    for entry_id, fields in entries:
+                        cursor = entry_id
+                        if fields["in_reply_to"] in sent:
+                            latencies.append(now - sent.pop(fields["in_reply_to"]))
+                            last = now
+                bar(len(latencies))
+                if now - start > 600:
+                    raise RuntimeError("too slow: gave up after 600 s")
         client.close()
     finally:
         supervisor.stop()

@@ -31,24 +31,24 @@ from worker import (
     ToolSummary,
 )
 from worker.embedded import EmbeddedValkey
+from worker.progress import step
 
 
 def fill(store: ConversationStore, sessions: int, records: int) -> None:
     rng = random.Random(3)
-    for n in range(sessions):
-        who = f"{rng.getrandbits(32):08x}-0000-4000-8000-{n:012x}"
-        channel = Channel.PUBLIC if n % 2 else Channel.IM
-        for r in range(records):
-            size = rng.choice([30, 80, 200, 600])
-            if r % 3 == 0:
-                store.record(who, channel, AvatarMessage(text="a" * size))
-            elif r % 3 == 1:
-                store.record(who, channel, AgentReply(text="r" * size))
-            else:
-                store.record(who, channel, ToolSummary(tool="look", summary="t" * size))
-        if n % 500 == 0:
-            print(f"\r  filling {n}/{sessions}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    with step(sys.stderr, "filling", sessions) as bar:
+        for n in range(sessions):
+            who = f"{rng.getrandbits(32):08x}-0000-4000-8000-{n:012x}"
+            channel = Channel.PUBLIC if n % 2 else Channel.IM
+            for r in range(records):
+                size = rng.choice([30, 80, 200, 600])
+                if r % 3 == 0:
+                    store.record(who, channel, AvatarMessage(text="a" * size))
+                elif r % 3 == 1:
+                    store.record(who, channel, AgentReply(text="r" * size))
+                else:
+                    store.record(who, channel, ToolSummary(tool="look", summary="t" * size))
+            bar(n + 1)
 
 
 def server_calls_us(client: object) -> dict[str, list[int]]:

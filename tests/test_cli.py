@@ -6,6 +6,7 @@ import io
 
 import pytest
 
+from tests.test_demo import assert_report_adds_up
 from worker.cli import main
 from worker.demo import run_demo
 
@@ -24,13 +25,18 @@ def test_demo_passes_its_own_checks() -> None:
     assert report.redactions > 0 and report.secrets_found == 0
     assert report.renewed_public == report.idle_public > 0
     assert report.events["expired_inactivity"] > 0
+    assert len(report.single_ms) == 20 and report.turns == report.expected_turns
     for label in (
         "messages answered",
-        "latency inbound -> outbound",
+        "(expected: 3 deliberate bad entries)",
+        "inbound -> outbound, queueing included",
+        "no queue: the service time",
         "isolation self-check",
         "PASS",
     ):
         assert label in text
+    assert_report_adds_up(text)
+    assert "\r" not in text and "\x1b" not in text  # progress into a non-terminal
 
 
 def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

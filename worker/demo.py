@@ -3,13 +3,17 @@
 It starts what `gridmem serve` starts (a private Valkey and a pool of worker
 processes), plus a local OpenAI-compatible endpoint that answers with the
 offline responder and keeps every request it gets. Then scripted residents talk
-through the inbound stream, as a grid bridge would: on both channels, some
-pasting secrets, some going idle past the public TTL (time runs 120 times
-faster, so 30 minutes pass in 15 seconds), a few sending malformed entries.
-It ends with a report and exits non-zero if any check fails: every message
-answered, no resident's words in another's LLM request, no pasted secret
-anywhere in the store or on the outbound stream, idle public sessions renewed
-and idle IM sessions kept.
+through the inbound stream, as a grid bridge would, in three rounds: everyone
+at once (a burst: its latency is mostly waiting in the queue), then, after all
+have been quiet past the public TTL (time runs 120 times faster, so 30 minutes
+pass in 15 seconds), the idle ones again, then a few one message at a time (the
+service time, nothing queued). Some paste secrets; a few entries are malformed
+on purpose. It ends with a report whose numbers add up in words (residents to
+sessions, answered messages to stored turns) and exits non-zero if any check
+fails: every message answered, exactly the deliberate dead letters, no
+resident's words in another's LLM request, no pasted secret anywhere in the
+store or on the outbound stream, idle public sessions renewed and idle IM
+sessions kept, sessions and turns accounted for.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,11 +36,24 @@ import redis
 
 from worker.config import Settings
 from worker.localllm import LocalChatServer
-from worker.records import CHANNEL_TTL_MS, Channel
+from worker.progress import step
+from worker.records import CHANNEL_TTL_MS, Channel, Event, ReasonCode
 from worker.store import ConversationStore
 from worker.supervisor import Supervisor
 
 SPEED = 120.0
+SINGLES = 20  # messages of the last round, each sent after the reply to the one before
+# Residents by the channels they talk on (each channel is a session of its own).
+PLANS = {("public",): "public only", ("im",): "IM only", ("public", "im"): "both"}
+# Events that end a session (compacted and summary_trimmed keep it).
+ENDINGS = {
+    ReasonCode.EXPIRED_INACTIVITY,
+    ReasonCode.EXPIRED_OPERATOR,
+    ReasonCode.DELETED_OPERATOR,
+    ReasonCode.EVICTED_SESSION_LIMIT,
+    ReasonCode.EVICTED_AGGREGATE_BYTES,
+}
+NO_EVENT = "no event read"  # expired and not swept yet, or its event trimmed
 LINES = [
     "hi! is the sandbox open today?",
     "where can I buy a boat in this region?",
@@ -61,16 +79,29 @@ class Sent:
     channel: str
     at: float
     secret: bool
+    round: int
 
 
 @dataclass
 class DemoReport:
+    residents: int = 0
+    plans: Counter[str] = field(default_factory=Counter)  # residents by channels (PLANS)
     sent: int = 0
     answered: int = 0
     dead_letters: int = 0
     expected_dead_letters: int = 0
+    # Round 1 sends every message at once: these include the wait in the queue.
     latencies_ms: list[float] = field(default_factory=list)
-    sessions: Counter[str] = field(default_factory=Counter)
+    burst_seconds: float = 0.0  # round 1, first message sent to last reply read
+    # The last round sends one message at a time: nothing waits, this is the service time.
+    single_ms: list[float] = field(default_factory=list)
+    pause_minutes: float = 0.0  # simulated minutes every resident stays quiet after round 1
+    opened: Counter[str] = field(default_factory=Counter)  # round 1's new sessions, by channel
+    opened_later: Counter[str] = field(default_factory=Counter)  # later new sessions
+    ended: Counter[str] = field(default_factory=Counter)  # opened and gone, by event reason
+    turns_in_ended: int = 0  # turns recorded into sessions that ended
+    folded: int = 0  # turns of live sessions folded into their summaries
+    sessions: Counter[str] = field(default_factory=Counter)  # live at the end, by channel
     turns: int = 0
     stored_bytes: int = 0
     events: Counter[str] = field(default_factory=Counter)
@@ -84,6 +115,11 @@ class DemoReport:
     idle_im: int = 0
     failures: list[str] = field(default_factory=list)
 
+    @property
+    def expected_turns(self) -> int:
+        """Each answered message stores two turns (its words and the reply), minus those gone."""
+        return 2 * self.answered - self.turns_in_ended - self.folded
+
 
 class Demo:
     def __init__(self, residents: int, seed: int, out: TextIO, speed: float = SPEED) -> None:
@@ -91,12 +127,15 @@ class Demo:
         self.speed = speed
         self.rng = random.Random(seed)
         self.out = out
-        self.report = DemoReport()
+        self.report = DemoReport(residents=residents)
         self.people = [str(uuid.UUID(int=self.rng.getrandbits(128))) for _ in range(residents)]
+        self.plans: list[list[str]] = []  # resident -> the channels it talks on
         self.sent: dict[str, Sent] = {}  # inbound entry id -> what was sent
         self.replies: dict[str, dict[str, str]] = {}  # inbound entry id -> outbound fields
+        self.latency_ms: dict[str, float] = {}  # inbound entry id -> until its reply was read
+        self.round = 0
         self._outbound_cursor = "0-0"
-        self._drawn = 0.0
+        self._last_reply_at = 0.0
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -109,41 +148,41 @@ class Demo:
         entry = client.xadd(
             "gm:inbound", {"avatar_uuid": self.people[resident], "channel": channel, "text": text}
         )
-        self.sent[str(entry)] = Sent(resident, channel, time.monotonic(), secret)
+        self.sent[str(entry)] = Sent(resident, channel, time.monotonic(), secret, self.round)
 
-    def collect(self, client: Any, until: int, label: str, timeout: float = 120) -> None:
-        """Read outbound replies until `until` entries are answered (with a progress bar)."""
+    def collect(
+        self, client: Any, until: int, update: Callable[[int], None], timeout: float = 120
+    ) -> None:
+        """Read outbound replies until `until` entries are answered; `update` gets the count."""
         deadline = time.monotonic() + timeout
         while len(self.replies) < until and time.monotonic() < deadline:
             found = client.xread({"gm:outbound": self._outbound_cursor}, count=1000, block=200)
+            now = time.monotonic()
             for _, entries in found or ():
                 for entry_id, fields in entries:
                     self._outbound_cursor = entry_id
                     reply_to = fields["in_reply_to"]
                     if reply_to in self.sent and reply_to not in self.replies:
                         self.replies[reply_to] = fields
-                        self.report.latencies_ms.append(
-                            (time.monotonic() - self.sent[reply_to].at) * 1000
-                        )
-            self._progress(label, len(self.replies), until)
-        self.out.write("\n")
+                        self.latency_ms[reply_to] = (now - self.sent[reply_to].at) * 1000
+                        self._last_reply_at = now
+            update(len(self.replies))
 
-    def _progress(self, label: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self._drawn < 0.5:
-            return  # redraw at most twice a second
-        self._drawn = now
-        width = 30
-        filled = width * min(done, total) // max(total, 1)
-        self.out.write(f"\r  {label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        self.out.flush()
+    def answer_all(self, client: Any, label: str) -> None:
+        """Wait for the replies to everything sent so far, with a progress bar of this round."""
+        base = len(self.replies)
+        with step(self.out, label, len(self.sent) - base) as bar:
+            self.collect(client, len(self.sent), lambda done: bar(done - base))
 
     def run(self, client: Any) -> None:
         rng = self.rng
-        plans = [rng.choice([["public"], ["im"], ["public", "im"]]) for _ in range(self.residents)]
+        self.plans = [rng.choice([["public"], ["im"], ["public", "im"]]) for _ in self.people]
+        self.report.plans.update(PLANS[tuple(channels)] for channels in self.plans)
         idle = set(rng.sample(range(self.residents), k=max(2, self.residents // 8)))
-        # 1. everyone says two things (queued together: answered in order, per key)
-        for resident, channels in enumerate(plans):
+        # 1. everyone says two things at once (a burst: answered in order, per key)
+        self.round = 1
+        started = time.monotonic()
+        for resident, channels in enumerate(self.plans):
             for channel in channels:
                 self.say(client, resident, channel, 1)
                 self.say(client, resident, channel, 2)
@@ -152,20 +191,23 @@ class Demo:
                     {"avatar_uuid": self.people[0], "channel": "im"}):  # fmt: skip
             client.xadd("gm:inbound", bad)
             self.report.expected_dead_letters += 1
-        self.collect(client, len(self.sent), "residents talking")
+        self.answer_all(client, "residents talking")
+        self.report.burst_seconds = self._last_reply_at - started
         first_sessions = {
             (s.resident, s.channel): self.replies[eid]["session_id"]
             for eid, s in self.sent.items()
             if eid in self.replies
         }
-        # 2. some go quiet past the public TTL (simulated), then speak again
+        # 2. everyone goes quiet past the public TTL (simulated); the idle ones speak again
         quiet = CHANNEL_TTL_MS[Channel.PUBLIC] / 1000 / self.speed + 2
-        self._wait(quiet, f"idle residents away (sim. {30 + 2 * self.speed / 60:.0f} min)")
+        self.report.pause_minutes = quiet * self.speed / 60
+        self._wait(quiet, f"everyone quiet {self.report.pause_minutes:.0f} min (sim.)")
+        self.round = 2
         before = len(self.sent)
         for resident in sorted(idle):
-            for channel in plans[resident]:
+            for channel in self.plans[resident]:
                 self.say(client, resident, channel, 3)
-        self.collect(client, len(self.sent), "idle residents back")
+        self.answer_all(client, "idle residents back")
         for eid, s in list(self.sent.items())[before:]:
             if eid not in self.replies:
                 continue
@@ -176,14 +218,28 @@ class Demo:
             else:
                 self.report.idle_im += 1
                 self.report.kept_im += not renewed
+        self.one_at_a_time(client)
+
+    def one_at_a_time(self, client: Any) -> None:
+        """3. a few IM residents (sessions kept) each send one message after the last reply."""
+        self.round = 3
+        speakers = [n for n, channels in enumerate(self.plans) if "im" in channels][:SINGLES]
+        with step(self.out, "one message at a time", len(speakers)) as bar:
+            for done, resident in enumerate(speakers, 1):
+                answered = len(self.replies) + 1
+                self.say(client, resident, "im", 4)
+                self.collect(client, answered, lambda _: None, timeout=30)
+                if len(self.replies) < answered:
+                    break  # unanswered: the verdict says so; waiting on would not help
+                bar(done)
 
     def _wait(self, seconds: float, label: str) -> None:
         end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            self._progress(label, int(seconds - left), int(seconds))
-            time.sleep(min(0.25, left))  # the demo waits for simulated time to pass
-        self._progress(label, int(seconds), int(seconds))
-        self.out.write("\n")
+        with step(self.out, label, int(seconds)) as bar:
+            while (left := end - time.monotonic()) > 0:
+                bar(int(seconds - left))
+                time.sleep(min(0.25, left))  # the demo waits for simulated time to pass
+            bar(int(seconds))
 
     # -- checking ---------------------------------------------------------------------------
 
@@ -191,24 +247,69 @@ class Demo:
         r = self.report
         r.sent, r.answered = len(self.sent), len(self.replies)
         r.dead_letters = client.xlen("gm:dead")
-        page = store.list_metadata(limit=1000)
-        while True:
-            for item in page.items:
-                r.sessions[item.channel.value] += 1
-                r.turns += item.turn_count
-                r.stored_bytes += item.byte_count
-            if page.next_cursor is None:
-                break
-            page = store.list_metadata(cursor=page.next_cursor, limit=1000)
-        after = None
-        while batch := store.events(after=after, count=1000):
-            r.events.update(e.reason.value for e in batch)
-            after = batch[-1].id
+        for eid, ms in self.latency_ms.items():
+            if self.sent[eid].round == 1:
+                r.latencies_ms.append(ms)
+            elif self.sent[eid].round == 3:
+                r.single_ms.append(ms)
+        live = self._live_sessions(store)
+        events = self._all_events(store)
+        self._account(live, events)
         r.redactions = int(client.hget("gm:{0}:stats", "redactions") or 0)
         self._check_isolation(llm.requests)
         everything = _dump(client) + "\n".join(f["text"] for f in self.replies.values())
         r.secrets_found = sum(everything.count(secret) for secret in SECRETS)
         self._verdict()
+
+    def _live_sessions(self, store: ConversationStore) -> set[str]:
+        """IDs of the sessions the store lists at the end; counts their turns and bytes."""
+        r, live = self.report, set()
+        page = store.list_metadata(limit=1000)
+        while True:
+            for item in page.items:
+                live.add(item.session_id)
+                r.sessions[item.channel.value] += 1
+                r.turns += item.turn_count
+                r.stored_bytes += item.byte_count
+            if page.next_cursor is None:
+                return live
+            page = store.list_metadata(cursor=page.next_cursor, limit=1000)
+
+    def _all_events(self, store: ConversationStore) -> list[Event]:
+        events: list[Event] = []
+        after = None
+        while batch := store.events(after=after, count=1000):
+            events += batch
+            after = batch[-1].id
+        self.report.events.update(e.reason.value for e in events)
+        return events
+
+    def _account(self, live: set[str], events: list[Event]) -> None:
+        """Where each answered message's two turns went, and each session: from the replies.
+
+        Every reply names its session, so the demo knows which sessions it opened,
+        in which round, and how many turns it put in each; the store's list says
+        which are still there, and the events why the others are gone.
+        """
+        r = self.report
+        first: dict[str, Sent] = {}  # session id -> the earliest message answered in it
+        turns: Counter[str] = Counter()  # session id -> turns recorded (words + reply)
+        for eid, fields in self.replies.items():
+            sid, sent = fields["session_id"], self.sent[eid]
+            turns[sid] += 2
+            if sid not in first or sent.round < first[sid].round:
+                first[sid] = sent
+        why = {e.session_id: e.reason.value for e in events if e.reason in ENDINGS}
+        for sid, sent in first.items():
+            (r.opened if sent.round == 1 else r.opened_later)[sent.channel] += 1
+            if sid not in live:
+                r.ended[why.get(sid, NO_EVENT)] += 1
+                r.turns_in_ended += turns[sid]
+        r.folded = sum(
+            int(e.detail.get("folded", 0))
+            for e in events
+            if e.reason == ReasonCode.COMPACTED and e.session_id in live
+        )
 
     def _check_isolation(self, requests: list[dict[str, Any]]) -> None:
         """Each LLM request may hold the words of one (resident, channel) only."""
@@ -224,15 +325,21 @@ class Demo:
 
     def _verdict(self) -> None:
         r = self.report
+        opened = sum(r.opened.values()) + sum(r.opened_later.values())
         checks = [
             (r.answered == r.sent, f"{r.sent - r.answered} messages unanswered"),
-            (r.dead_letters == r.expected_dead_letters, "dead letters do not match"),
+            (r.dead_letters == r.expected_dead_letters,
+             f"{r.dead_letters} dead letters, expected {r.expected_dead_letters}"),
             (r.leaks == 0, f"{r.leaks} LLM requests mixed residents"),
             (r.requests_checked >= r.answered, "fewer LLM requests than answers"),
             (r.secrets_found == 0, f"{r.secrets_found} pasted secrets found in the store"),
             (r.renewed_public == r.idle_public > 0, "idle public sessions were not renewed"),
             (r.kept_im == r.idle_im, "idle IM sessions were lost"),
-        ]
+            (sum(r.sessions.values()) == opened - sum(r.ended.values()),
+             "live sessions do not add up"),
+            (r.turns == r.expected_turns,
+             f"turns do not add up: {r.turns} stored, {r.expected_turns} expected"),
+        ]  # fmt: skip
         r.failures = [message for ok, message in checks if not ok]
 
 
@@ -262,19 +369,42 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
+def _latency(values: list[float], top: str = "p99") -> str:
+    if not values:
+        return "-"
+    high = max(values) if top == "max" else _percentile(values, 0.99)
+    return f"p50 {_percentile(values, 0.5):.0f} ms, {top} {high:.0f} ms"
+
+
 def print_report(r: DemoReport, settings: Settings, out: TextIO) -> None:
+    """The numbers, and in words how they follow from one another (the sums add up)."""
     limits = settings.conversation.limits
-    sessions = sum(r.sessions.values())
+    first, later = sum(r.opened.values()), sum(r.opened_later.values())
+    ended = sum(r.ended.values())
+    rate = len(r.latencies_ms) / r.burst_seconds if r.burst_seconds > 0 else 0.0
+    ttl_minutes = CHANNEL_TTL_MS[Channel.PUBLIC] / 60_000
+    plans = ", ".join(f"{r.plans[name]} {name}" for name in PLANS.values())
     rows = [
-        ("messages answered", f"{r.answered} of {r.sent} (dead letters: {r.dead_letters})"),
-        ("latency inbound -> outbound", f"p50 {_percentile(r.latencies_ms, 0.5):.0f} ms, "
-         f"p99 {_percentile(r.latencies_ms, 0.99):.0f} ms"),
-        ("turns stored", f"{r.turns}"),
-        ("sessions (public / im)", f"{r.sessions['public']} / {r.sessions['im']} "
-         f"(limit {limits.max_active_sessions})"),
+        ("messages answered", f"{r.answered} of {r.sent} sent by residents"),
+        ("dead letters", f"{r.dead_letters} "
+         f"(expected: {r.expected_dead_letters} deliberate bad entries)"),
+        ("latency in a burst", f"{_latency(r.latencies_ms)} inbound -> outbound, queueing "
+         f"included: {len(r.latencies_ms)} messages sent at once, all answered in "
+         f"{r.burst_seconds:.1f} s ({rate:.0f}/s)"),
+        ("latency one at a time", f"{_latency(r.single_ms, 'max')} over {len(r.single_ms)} "
+         "messages, each sent after the reply before (no queue: the service time)"),
+        ("sessions opened", f"{first + later} = {first} on first words ({r.opened['public']} "
+         f"public + {r.opened['im']} IM: one per resident and channel) + {later} later "
+         f"({r.opened_later['public']} public + {r.opened_later['im']} IM: idle residents back)"),
+        ("sessions ended", f"{ended} ({_counts(r.ended)}): everyone was quiet "
+         f"{r.pause_minutes:.0f} min (sim.), past the {ttl_minutes:.0f}-min public TTL"),
+        ("sessions live (public / im)", f"{r.sessions['public']} / {r.sessions['im']} = "
+         f"{first + later} opened - {ended} ended (limit {limits.max_active_sessions})"),
+        ("turns stored", f"{r.turns} = 2 x {r.answered} answered (words + reply) - "
+         f"{r.turns_in_ended} in ended sessions - {r.folded} folded into summaries"),
         ("stored bytes", f"{r.stored_bytes:,} (limit {limits.max_aggregate_bytes:,})"),
         ("redactions", f"{r.redactions}"),
-        ("events by reason", ", ".join(f"{k}={v}" for k, v in sorted(r.events.items())) or "-"),
+        ("events by reason", _counts(r.events)),
         ("idle residents", f"public renewed {r.renewed_public}/{r.idle_public}, "
          f"IM kept {r.kept_im}/{r.idle_im}"),
         ("isolation self-check", f"{r.requests_checked} LLM requests, {r.leaks} mixed"),
@@ -282,9 +412,15 @@ def print_report(r: DemoReport, settings: Settings, out: TextIO) -> None:
         ("verdict", "PASS" if not r.failures else "FAIL: " + "; ".join(r.failures)),
     ]  # fmt: skip
     width = max(len(name) for name, _ in rows)
-    out.write(f"\n  {sessions} sessions, {settings.worker.processes} worker processes\n\n")
+    out.write(
+        f"\n  {r.residents} residents ({plans}), {settings.worker.processes} worker processes\n\n"
+    )
     for name, value in rows:
         out.write(f"  {name:<{width}}  {value}\n")
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(counter.items())) or "none"
 
 
 def run_demo(
