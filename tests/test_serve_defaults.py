@@ -62,17 +62,30 @@ def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], 
         with contextlib.suppress(
             redis_py.ConnectionError, redis_py.ResponseError, OSError, psutil.Error
         ):
-            # up: this service's own server (not one an earlier service left running),
-            # and both default workers read the stream (their stop handlers are set)
-            ours = {child.pid for child in psutil.Process(process.pid).children()}
-            if int(client.info("server")["process_id"]) in ours and (
-                len(client.xinfo_consumers("gm:inbound", "workers")) >= 2
-            ):
+            # up: both default workers of this service read the stream (their stop
+            # handlers are set); consumers of an earlier service's workers do not count
+            ours = {str(child.pid) for child in psutil.Process(process.pid).children()}
+            consumers = client.xinfo_consumers("gm:inbound", "workers")
+            if len([c for c in consumers if c["name"].rsplit("-", 1)[-1] in ours]) >= 2:
                 return process, client
         if time.monotonic() > deadline:
             _ctrl_c(process)  # leave nothing running behind a failed test
             raise AssertionError("gridmem serve did not start")
         time.sleep(0.05)  # polling another process's readiness, with a deadline
+
+
+def _servers(directory: Path) -> list[psutil.Process]:
+    """The valkey-server and keeper processes of `directory`'s storage_path, by their
+    command lines (a valkey-server shows its socket there)."""
+    data = str(directory / "gridmem-data" / "valkey")
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and data in " ".join(
+                process.info["cmdline"] or []
+            ):
+                found.append(process)
+    return found
 
 
 def _ctrl_c(process: subprocess.Popen[bytes], presses: int = 1) -> str:
@@ -169,11 +182,7 @@ def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations
         flushed = len(list(snaps.glob("*.snap")))
         _until(lambda: len(list(snaps.glob("*.snap"))) >= flushed + 2, "a snapshot after them")
         # When the private Valkey is killed
-        [server] = [
-            child
-            for child in psutil.Process(process.pid).children(recursive=True)
-            if "valkey" in child.name()
-        ]
+        [server] = [p for p in _servers(empty) if "valkey" in p.name()]
         server.kill()
 
         # Then it is started again with the conversations, and a new message is answered
@@ -258,7 +267,7 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     assert said in out and "Traceback" not in out and "hunter2" not in out, out
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGKILL-all", "SIGHUP"])
 def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
     empty: Path, how: str
 ) -> None:
@@ -275,10 +284,13 @@ def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
                 "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
             )
         _until(_answered(client, 3), "the answers")
-        [server] = [c for c in psutil.Process(process.pid).children() if "valkey" in c.name()]
+        [server] = [p for p in _servers(empty) if "valkey" in p.name()]
         # When the service is killed (its whole process group, as `kill -9 -<pgid>` or a
-        # closed terminal would signal it)
-        os.killpg(process.pid, getattr(signal, how))
+        # closed terminal would signal it; SIGKILL-all: the keeper of its server too)
+        os.killpg(process.pid, getattr(signal, how.removesuffix("-all")))
+        if how == "SIGKILL-all":
+            [keeper] = [p for p in _servers(empty) if "keep_main" in " ".join(p.cmdline())]
+            keeper.kill()
         process.wait(timeout=DEADLINE)  # not its output: a server left running holds stderr
     finally:
         if process.stdout is not None:
@@ -302,7 +314,9 @@ def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
     finally:
         out = _ctrl_c(process)
         client.close()
-    # (killed: the next start saved the old server's conversations; hung up: the
-    # service stopped as on Ctrl-C, with its last snapshot, and left no server behind)
+    # (killed: the keeper saw its last user gone, saved the conversations and stopped
+    # the server; killed with the keeper: the next start saved the orphan's
+    # conversations; hung up: the service stopped as on Ctrl-C, with its last snapshot)
     left = "a private Valkey left by an earlier gridmem serve answers" in out
-    assert left == (how == "SIGKILL"), out
+    assert left == (how == "SIGKILL-all"), out
+    _until(lambda: not _servers(empty), "no server or keeper left")
