@@ -24,10 +24,13 @@ import redis as redis_py
 
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
+from worker import ConversationStore, Settings
+from worker.localllm import LocalChatServer
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 DEADLINE = 60.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -37,13 +40,15 @@ def empty() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
-    """`gridmem serve`, no arguments, in `directory`; persistence on through the
-    environment (the documented GRIDMEM_* override), everything else default."""
+def _serve(
+    directory: Path, *args: str, **overrides: str
+) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
+    """`gridmem serve [args]` in `directory`; persistence on through the environment
+    (the documented GRIDMEM_* override), everything else default."""
     env = {**os.environ, "GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED": "true", **overrides}
     env.pop("GRIDMEM_REDIS__URL", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker", "serve"],
+        [sys.executable, "-m", "worker", "serve", *args],
         cwd=directory,
         env=env,
         stdout=subprocess.PIPE,
@@ -145,6 +150,87 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
         out = _ctrl_c(process)
         client.close()
     assert 'sessions_restored":5' in out.replace(" ", ""), out
+
+
+def test_serve_with_the_example_config_in_an_empty_directory_answers(empty: Path) -> None:
+    """Regression (issue 13, item 1, as a newcomer): `cp gridmem.example.toml gridmem.toml
+    && gridmem serve --config gridmem.toml` ended in a traceback (the relative
+    storage_path reached the private Valkey relative). Now it answers."""
+    # Given the example config copied into an empty directory, as the README says
+    shutil.copy(ROOT / "gridmem.example.toml", empty / "gridmem.toml")
+    process, client = _serve(empty, "--config", "gridmem.toml")
+    try:
+        # When a resident speaks on the inbound stream
+        sent = client.xadd("gm:inbound", {"avatar_uuid": avatar(1), "channel": "im", "text": "hi"})
+        _until(_answered(client, 1), "the answer")
+        # Then the reply on the outbound stream answers that message
+        [(_, reply)] = client.xrange("gm:outbound")
+        assert reply["in_reply_to"] == sent and reply["avatar_uuid"] == avatar(1), reply
+    finally:
+        out = _ctrl_c(process)
+        client.close()
+    assert "Traceback" not in out and "ERROR" not in out, out
+    assert (empty / "gridmem-data" / "valkey" / "valkey.log").exists()
+
+
+def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_restart(
+    empty: Path,
+) -> None:
+    """Regression (issue 13, item 2): Ctrl-C signals the whole foreground process group;
+    the private Valkey in it died first, so the workers could not write the replies
+    in hand and the last snapshot failed. Now the server (its keeper in a session of
+    its own) outlives the workers and the flush: every message in a worker's hand is
+    answered before the stop, the rest after the restart, each exactly once, and the
+    conversations come back from the snapshot. A bridge attached through the library
+    (from_config) keeps the server, and the streams in it, up across the restart."""
+    settings = Settings(
+        storage_path=empty / "gridmem-data", conversation={"persistence_enabled": True}
+    )
+    slow = {
+        "GRIDMEM_LLM__BASE_URL": "",  # set below: a model that thinks for a while
+        "GRIDMEM_WORKER__CONCURRENCY": "2",  # 2 processes x 2: four in hand, the rest wait
+    }
+    with LocalChatServer(delay_seconds=1.0) as llm:
+        slow["GRIDMEM_LLM__BASE_URL"] = llm.url
+        # Given the service running, and a bridge attached to its private server
+        process, client = _serve(empty, **slow)
+        bridge = ConversationStore.from_config(settings)
+        try:
+            posted = [
+                client.xadd(
+                    "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+                )
+                for n in range(10)
+            ]
+            # When Ctrl-C reaches the whole process group with four messages in hand
+            _until(lambda: len(llm.requests) >= 4, "four messages in the workers' hands")
+            os.killpg(process.pid, signal.SIGINT)
+            out, _ = process.communicate(timeout=DEADLINE)
+            first = out.decode()
+            assert process.returncode == 0, first
+            # Then the service stopped cleanly: the server outlived workers and flush
+            for bad in ("ERROR", "unreachable", "flush failed", "Traceback"):
+                assert bad not in first, first
+            assert "snapshot generation" in first and "left running" in first, first
+            answered = len(client.xrange("gm:outbound"))
+            assert 4 <= answered < 10, first  # those in hand, not those waiting
+            assert client.xpending("gm:inbound", "workers")["pending"] == 0  # all acked
+            # And after a restart the waiting ones are answered, none twice
+            process, client = _serve(empty, **slow)
+            _until(_answered(client, 10), "every message answered")
+            replies = [fields["in_reply_to"] for _, fields in client.xrange("gm:outbound")]
+        finally:
+            _ctrl_c(process)
+            client.close()
+            bridge.close()  # the last user: the server saves and stops
+    assert sorted(replies) == sorted(posted), (replies, posted)
+    _until(lambda: not _servers(empty), "no server or keeper left")
+    # And the conversations are back from the snapshot in a new server
+    with ConversationStore.from_config(settings) as store:
+        for n in range(10):
+            said = [m.content for m in store.context(avatar(n), "im")]
+            assert said[0] == f"hi {n}" and len(said) == 2, said
+    _until(lambda: not _servers(empty), "no server or keeper left")
 
 
 def _until(condition: Callable[[], bool], what: str) -> None:

@@ -373,6 +373,9 @@ class SharedValkey:
                 stdout=subprocess.PIPE,
                 stderr=logfile,
                 cwd="/",  # pins no directory (the keeper may outlive its starter's)
+                # its settings are the JSON on stdin, whole: a relative GRIDMEM_STORAGE_PATH
+                # would otherwise override them, resolved against / instead
+                env={k: v for k, v in os.environ.items() if not k.startswith("GRIDMEM_")},
                 start_new_session=True,
             )
         assert process.stdin is not None and process.stdout is not None
