@@ -173,10 +173,12 @@ def test_serve_with_the_example_config_in_an_empty_directory_answers(empty: Path
     assert (empty / "gridmem-data" / "valkey" / "valkey.log").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_restart(
-    empty: Path,
+    empty: Path, sig: signal.Signals
 ) -> None:
-    """Regression (issue 13, item 2): Ctrl-C signals the whole foreground process group;
+    """Regression (issue 13, item 2): Ctrl-C signals the whole foreground process group
+    (SIGINT; a service manager's stop may send SIGTERM to the whole group);
     the private Valkey in it died first, so the workers could not write the replies
     in hand and the last snapshot failed. Now the server (its keeper in a session of
     its own) outlives the workers and the flush: every message in a worker's hand is
@@ -204,7 +206,7 @@ def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_resta
             ]
             # When Ctrl-C reaches the whole process group with four messages in hand
             _until(lambda: len(llm.requests) >= 4, "four messages in the workers' hands")
-            os.killpg(process.pid, signal.SIGINT)
+            os.killpg(process.pid, sig)
             out, _ = process.communicate(timeout=DEADLINE)
             first = out.decode()
             assert process.returncode == 0, first

@@ -312,23 +312,38 @@ class SharedValkey:
                 f"socket path {self.socket_path} is too long for a Unix socket; "
                 "choose a shorter storage_path"
             )
-        self.directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
-        with _server_lock(self.directory):
+        lock = self._lock_directory()
+        try:
             started = not keeper_running(self.directory)
             if started:
                 self._retire_orphan()
                 self._start_keeper(timeout)
-            users = _open_lock(self.directory / "users.lock")
-            fcntl.flock(users, fcntl.LOCK_SH)  # waits out a keeper's moment of checking only
-            self._users = users
+            self._users = _open_lock(self.directory / "users.lock")
+            fcntl.flock(self._users, fcntl.LOCK_SH)  # waits out a keeper's moment of checking
             if started and on_start is not None:
-                try:
-                    on_start()
-                except BaseException:
-                    self.detach()
-                    raise
+                on_start()
+        except BaseException:
+            if self._users is not None:  # let go, without waiting: the keeper needs server.lock
+                os.close(self._users)
+                self._users = None
+            raise
+        finally:
+            os.close(lock)
         return started
+
+    def _lock_directory(self) -> int:
+        """server.lock taken (exclusive), the directory made first; its descriptor."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.directory, 0o700)
+            fd = _open_lock(self.directory / "server.lock")
+        except OSError as exc:
+            raise EmbeddedServerError(
+                f"cannot use storage_path {self.directory.parent} for the private Valkey: "
+                f"{exc.strerror or exc}"
+            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
 
     @property
     def returncode(self) -> int | None:
@@ -387,7 +402,9 @@ class SharedValkey:
             process.stdout.close()
             process.wait()  # the first process of the keeper exits at once (it forks)
         if not said.startswith("ready"):
-            why = said.removeprefix("error ").strip() or f"no answer after {timeout} s"
+            why = said.removeprefix("error ").strip() or (
+                f"its keeper exited, or gave no answer within {timeout} s"
+            )
             raise EmbeddedServerError(
                 f"the private Valkey for storage_path {self.directory.parent} did not start: "
                 f"{why}; see {self.log_path}"
