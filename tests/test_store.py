@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from typing import Any
@@ -222,6 +223,30 @@ def test_a_failed_start_hook_leaves_no_server_and_no_wait() -> None:
         assert shared.detach() is True and not keeper_running(base / "valkey")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.real
+def test_a_storage_path_deleted_under_its_server_leaves_no_orphan() -> None:
+    """A storage_path removed while its server runs (a test's temporary directory, an
+    operator's rm -r): the keeper could no longer take its lock to stop the server,
+    crashed, and left the server running. Now it stops the server whatever happens."""
+    base = short_tempdir("gm-cfg-")
+    store = ConversationStore.from_config(Settings(storage_path=base))
+    pid = int(store.redis.info("server")["process_id"])
+    shutil.rmtree(base)
+    store.close()  # the last user, with no directory left to wait in
+    deadline = time.monotonic() + 30
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the server is still running"
+        time.sleep(0.02)  # polling another process's exit, with a deadline
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_stats_counts_everything_and_nothing_more(

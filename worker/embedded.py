@@ -364,7 +364,10 @@ class SharedValkey:
             return False
         os.close(users)  # releases this user's share
         deadline = time.monotonic() + timeout
-        probe = _open_lock(self.directory / "users.lock")
+        try:
+            probe = _open_lock(self.directory / "users.lock")
+        except OSError:  # the directory is gone: its keeper stops the server on its own
+            return False
         try:
             while keeper_running(self.directory):
                 if _others_attached(probe):
@@ -529,6 +532,17 @@ def _keep(directory: Path, settings: Settings | None) -> int:
         return 1
     _tell(f"ready {server.pid}")
     log.info("valkey-server %s started on %s", server.pid, server.socket_path)
+    try:
+        return _watch(server, keeper, settings, stopping)
+    finally:
+        server.stop()  # whatever happened (its directory deleted, say): never an orphan
+
+
+def _watch(
+    server: EmbeddedValkey, keeper: int, settings: Settings | None, stopping: threading.Event
+) -> int:
+    """Until the server dies (1), or no user is left or SIGTERM came (0, stopped)."""
+    directory = server.directory
     users = _open_lock(directory / "users.lock")
     while True:
         status = server.wait(KEEPER_POLL_SECONDS)
@@ -547,8 +561,7 @@ def _keep(directory: Path, settings: Settings | None) -> int:
                 fcntl.flock(users, fcntl.LOCK_UN)
                 final_flush(settings, server.url)
                 server.stop()
-                log.info(
-                    "valkey-server stopped: %s", "SIGTERM" if stopping.is_set() else "no user left"
-                )
+                why = "SIGTERM" if stopping.is_set() else "no user left"
+                log.info("valkey-server stopped: %s", why)
                 os.close(keeper)  # before server.lock: the next user must see no keeper
                 return 0
