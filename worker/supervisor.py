@@ -215,13 +215,16 @@ class Supervisor:
         embedded = self.embedded
         if embedded is None or self._stop.is_set():
             return
-        status = embedded.returncode
-        if status is None:
+        status = embedded.returncode  # None while it runs, or when not attached
+        if embedded.attached and status is None:
             return
         now = time.monotonic()
         if now < self._store_not_before:
             return
-        log.error("private Valkey exited with %s; starting it again", status)
+        if embedded.attached:
+            log.error("private Valkey exited with %s; starting it again", status)
+        else:  # the last try to start it again failed
+            log.error("starting the private Valkey again")
         self._store_restarts = [t for t in self._store_restarts if now - t < 60] + [now]
         self._store_not_before = now + min(
             RESTART_BACKOFF_MAX, 0.5 * 2 ** (len(self._store_restarts) - 1)
