@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.helpers import avatar
@@ -187,25 +185,22 @@ def test_the_readme_snippet_run_twice_leaves_no_server(empty: Path, closes: bool
         _until(lambda: not _servers(empty), "the server to stop after the run")
 
 
-def test_the_async_door_shares_the_server_with_the_sync_one(tmp_path: Path) -> None:
+def test_the_async_door_shares_the_server_with_the_sync_one(empty: Path) -> None:
     """Issue 13, item 3: AsyncConversationStore.from_config attaches to the same private
     server as ConversationStore.from_config; `async with` leaves it."""
-    base = Path(shutil.os.path.realpath(tmp_path))  # short enough for a socket path
-    settings = Settings(storage_path=base / "d")
+    settings = Settings(storage_path=empty / "gridmem-data")
 
     async def scenario() -> list[str]:
         async with AsyncConversationStore.from_config(settings) as door:
             with ConversationStore.from_config(settings) as store:
                 store.record(avatar(1), "im", AvatarMessage(text="sync wrote"))
             # the sync store left; the async one keeps the server up
+            assert len(_valkeys(empty)) == 1
             return [m.content for m in await door.context(avatar(1), "im")]
 
     assert asyncio.run(scenario()) == ["sync wrote"]
-    socket = str(base / "d" / "valkey")
-    left = [
-        p for p in psutil.process_iter(["cmdline"]) if socket in " ".join(p.info["cmdline"] or [])
-    ]
-    assert not [p for p in left if p.name().startswith("valkey")], left
+    assert not _valkeys(empty)  # the last user's aclose() returned: the server is gone
+    _until(lambda: not _servers(empty), "no keeper left")
 
 
 def test_a_library_user_killed_alone_leaves_no_server(empty: Path) -> None:
