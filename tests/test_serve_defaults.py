@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -164,7 +165,7 @@ def test_serve_with_the_example_config_in_an_empty_directory_answers(empty: Path
         sent = client.xadd("gm:inbound", {"avatar_uuid": avatar(1), "channel": "im", "text": "hi"})
         _until(_answered(client, 1), "the answer")
         # Then the reply on the outbound stream answers that message
-        [(_, reply)] = client.xrange("gm:outbound")
+        [reply] = _replies(client)
         assert reply["in_reply_to"] == sent and reply["avatar_uuid"] == avatar(1), reply
     finally:
         out = _ctrl_c(process)
@@ -214,13 +215,13 @@ def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_resta
             for bad in ("ERROR", "unreachable", "flush failed", "Traceback"):
                 assert bad not in first, first
             assert "snapshot generation" in first and "left running" in first, first
-            answered = len(client.xrange("gm:outbound"))
+            answered = len(_replies(client))
             assert 4 <= answered < 10, first  # those in hand, not those waiting
             assert client.xpending("gm:inbound", "workers")["pending"] == 0  # all acked
             # And after a restart the waiting ones are answered, none twice
             process, client = _serve(empty, **slow)
             _until(_answered(client, 10), "every message answered")
-            replies = [fields["in_reply_to"] for _, fields in client.xrange("gm:outbound")]
+            replies = [fields["in_reply_to"] for fields in _replies(client)]
         finally:
             _ctrl_c(process)
             client.close()
@@ -233,6 +234,12 @@ def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_resta
             said = [m.content for m in store.context(avatar(n), "im")]
             assert said[0] == f"hi {n}" and len(said) == 2, said
     _until(lambda: not _servers(empty), "no server or keeper left")
+
+
+def _replies(client: redis_py.Redis) -> list[dict[str, str]]:
+    """The outbound stream's entries (the client decodes responses)."""
+    entries: Any = client.xrange("gm:outbound")
+    return [fields for _, fields in entries]
 
 
 def _until(condition: Callable[[], bool], what: str) -> None:
