@@ -239,3 +239,27 @@ def test_max_events_is_split_over_the_shards_event_streams(shards: int, tmp_path
     )
     with pytest.raises(ConfigError, match=rf"conversation: .*{message}"):
         Settings.load(path)
+
+
+@pytest.mark.parametrize("source", ["default", "file", "environment"])
+def test_a_relative_storage_path_is_made_absolute_against_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """Regression (issue 13, item 1): a relative storage_path (the default `gridmem-data`)
+    stayed relative in Settings; the private Valkey, which runs in its --dir, got a
+    relative log path and died with a log that did not exist. Now Settings.load makes
+    it absolute against the working directory at load time (the documented base),
+    whatever the process does with its working directory afterwards."""
+    # Given a config (or the default, or an override) naming a relative storage_path
+    config = tmp_path / "conf" / "gridmem.toml"
+    config.parent.mkdir()
+    config.write_text('storage_path = "data/here"\n' if source == "file" else "")
+    if source == "environment":
+        monkeypatch.setenv("GRIDMEM_STORAGE_PATH", "data/here")
+    monkeypatch.chdir(tmp_path)
+    # When it is loaded in tmp_path, and the process then moves elsewhere
+    settings = Settings.load(config)
+    monkeypatch.chdir(config.parent)
+    # Then the path is tmp_path's, absolute (not the config file's folder, not the new cwd)
+    expected = tmp_path / ("gridmem-data" if source == "default" else "data/here")
+    assert settings.storage_path == expected and settings.storage_path.is_absolute()

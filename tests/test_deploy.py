@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from worker.config import LIMIT_TABLE, Settings
+from worker.supervisor import GRACEFUL_STOP_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,3 +70,19 @@ def test_example_config_loads_and_documents_the_defaults() -> None:
     assert settings.llm.base_url is None and settings.redis.url is None
     defaults = Settings()
     assert settings.worker == defaults.worker and settings.llm == defaults.llm
+
+
+def test_the_systemd_unit_stops_only_the_supervisor_first() -> None:
+    """Regression (issue 13, item 2): systemd's default stop (KillMode=control-group)
+    signals every process of the unit at once, the private Valkey too, which then
+    dies before the workers' replies and the last snapshot. The shipped unit stops the
+    supervisor alone first (KillMode=mixed), and waits longer than its graceful stop."""
+    unit = configparser.ConfigParser(interpolation=None, strict=True)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
+    unit.read_string((ROOT / "examples" / "gridmem.service").read_text())
+    service = unit["Service"]
+    assert service["KillMode"] == "mixed"
+    assert service.get("KillSignal", "SIGTERM") in {"SIGTERM", "SIGINT"}
+    assert service["ExecStart"].split()[1:3] == ["serve", "--config"]
+    assert float(service["TimeoutStopSec"]) > GRACEFUL_STOP_SECONDS
+    assert unit["Install"]["WantedBy"] == "multi-user.target"

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -24,10 +25,13 @@ import redis as redis_py
 
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
+from worker import ConversationStore, Settings
+from worker.localllm import LocalChatServer
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 DEADLINE = 60.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -37,13 +41,15 @@ def empty() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
-    """`gridmem serve`, no arguments, in `directory`; persistence on through the
-    environment (the documented GRIDMEM_* override), everything else default."""
+def _serve(
+    directory: Path, *args: str, **overrides: str
+) -> tuple[subprocess.Popen[bytes], redis_py.Redis]:
+    """`gridmem serve [args]` in `directory`; persistence on through the environment
+    (the documented GRIDMEM_* override), everything else default."""
     env = {**os.environ, "GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED": "true", **overrides}
     env.pop("GRIDMEM_REDIS__URL", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker", "serve"],
+        [sys.executable, "-m", "worker", "serve", *args],
         cwd=directory,
         env=env,
         stdout=subprocess.PIPE,
@@ -62,17 +68,30 @@ def _serve(directory: Path, **overrides: str) -> tuple[subprocess.Popen[bytes], 
         with contextlib.suppress(
             redis_py.ConnectionError, redis_py.ResponseError, OSError, psutil.Error
         ):
-            # up: this service's own server (not one an earlier service left running),
-            # and both default workers read the stream (their stop handlers are set)
-            ours = {child.pid for child in psutil.Process(process.pid).children()}
-            if int(client.info("server")["process_id"]) in ours and (
-                len(client.xinfo_consumers("gm:inbound", "workers")) >= 2
-            ):
+            # up: both default workers of this service read the stream (their stop
+            # handlers are set); consumers of an earlier service's workers do not count
+            ours = {str(child.pid) for child in psutil.Process(process.pid).children()}
+            consumers = client.xinfo_consumers("gm:inbound", "workers")
+            if len([c for c in consumers if c["name"].rsplit("-", 1)[-1] in ours]) >= 2:
                 return process, client
         if time.monotonic() > deadline:
             _ctrl_c(process)  # leave nothing running behind a failed test
             raise AssertionError("gridmem serve did not start")
         time.sleep(0.05)  # polling another process's readiness, with a deadline
+
+
+def _servers(directory: Path) -> list[psutil.Process]:
+    """The valkey-server and keeper processes of `directory`'s storage_path, by their
+    command lines (a valkey-server shows its socket there)."""
+    data = str(directory / "gridmem-data" / "valkey")
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and data in " ".join(
+                process.info["cmdline"] or []
+            ):
+                found.append(process)
+    return found
 
 
 def _ctrl_c(process: subprocess.Popen[bytes], presses: int = 1) -> str:
@@ -134,6 +153,95 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
     assert 'sessions_restored":5' in out.replace(" ", ""), out
 
 
+def test_serve_with_the_example_config_in_an_empty_directory_answers(empty: Path) -> None:
+    """Regression (issue 13, item 1, as a newcomer): `cp gridmem.example.toml gridmem.toml
+    && gridmem serve --config gridmem.toml` ended in a traceback (the relative
+    storage_path reached the private Valkey relative). Now it answers."""
+    # Given the example config copied into an empty directory, as the README says
+    shutil.copy(ROOT / "gridmem.example.toml", empty / "gridmem.toml")
+    process, client = _serve(empty, "--config", "gridmem.toml")
+    try:
+        # When a resident speaks on the inbound stream
+        sent = client.xadd("gm:inbound", {"avatar_uuid": avatar(1), "channel": "im", "text": "hi"})
+        _until(_answered(client, 1), "the answer")
+        # Then the reply on the outbound stream answers that message
+        [reply] = _replies(client)
+        assert reply["in_reply_to"] == sent and reply["avatar_uuid"] == avatar(1), reply
+    finally:
+        out = _ctrl_c(process)
+        client.close()
+    assert "Traceback" not in out and "ERROR" not in out, out
+    assert (empty / "gridmem-data" / "valkey" / "valkey.log").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_restart(
+    empty: Path, sig: signal.Signals
+) -> None:
+    """Regression (issue 13, item 2): Ctrl-C signals the whole foreground process group
+    (SIGINT; a service manager's stop may send SIGTERM to the whole group);
+    the private Valkey in it died first, so the workers could not write the replies
+    in hand and the last snapshot failed. Now the server (its keeper in a session of
+    its own) outlives the workers and the flush: every message in a worker's hand is
+    answered before the stop, the rest after the restart, each exactly once, and the
+    conversations come back from the snapshot. A bridge attached through the library
+    (from_config) keeps the server, and the streams in it, up across the restart."""
+    settings = Settings(
+        storage_path=empty / "gridmem-data", conversation={"persistence_enabled": True}
+    )
+    slow = {
+        "GRIDMEM_LLM__BASE_URL": "",  # set below: a model that thinks for a while
+        "GRIDMEM_WORKER__CONCURRENCY": "2",  # 2 processes x 2: four in hand, the rest wait
+    }
+    with LocalChatServer(delay_seconds=1.0) as llm:
+        slow["GRIDMEM_LLM__BASE_URL"] = llm.url
+        # Given the service running, and a bridge attached to its private server
+        process, client = _serve(empty, **slow)
+        bridge = ConversationStore.from_config(settings)
+        try:
+            posted = [
+                client.xadd(
+                    "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+                )
+                for n in range(10)
+            ]
+            # When Ctrl-C reaches the whole process group with four messages in hand
+            _until(lambda: len(llm.requests) >= 4, "four messages in the workers' hands")
+            os.killpg(process.pid, sig)
+            out, _ = process.communicate(timeout=DEADLINE)
+            first = out.decode()
+            assert process.returncode == 0, first
+            # Then the service stopped cleanly: the server outlived workers and flush
+            for bad in ("ERROR", "unreachable", "flush failed", "Traceback"):
+                assert bad not in first, first
+            assert "snapshot generation" in first and "left running" in first, first
+            answered = len(_replies(client))
+            assert 4 <= answered < 10, first  # those in hand, not those waiting
+            assert client.xpending("gm:inbound", "workers")["pending"] == 0  # all acked
+            # And after a restart the waiting ones are answered, none twice
+            process, client = _serve(empty, **slow)
+            _until(_answered(client, 10), "every message answered")
+            replies = [fields["in_reply_to"] for fields in _replies(client)]
+        finally:
+            _ctrl_c(process)
+            client.close()
+            bridge.close()  # the last user: the server saves and stops
+    assert sorted(replies) == sorted(posted), (replies, posted)
+    _until(lambda: not _servers(empty), "no server or keeper left")
+    # And the conversations are back from the snapshot in a new server
+    with ConversationStore.from_config(settings) as store:
+        for n in range(10):
+            said = [m.content for m in store.context(avatar(n), "im")]
+            assert said[0] == f"hi {n}" and len(said) == 2, said
+    _until(lambda: not _servers(empty), "no server or keeper left")
+
+
+def _replies(client: redis_py.Redis) -> list[dict[str, str]]:
+    """The outbound stream's entries (the client decodes responses)."""
+    entries: Any = client.xrange("gm:outbound")
+    return [fields for _, fields in entries]
+
+
 def _until(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE
     while not condition():
@@ -169,11 +277,7 @@ def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations
         flushed = len(list(snaps.glob("*.snap")))
         _until(lambda: len(list(snaps.glob("*.snap"))) >= flushed + 2, "a snapshot after them")
         # When the private Valkey is killed
-        [server] = [
-            child
-            for child in psutil.Process(process.pid).children(recursive=True)
-            if "valkey" in child.name()
-        ]
+        [server] = [p for p in _servers(empty) if "valkey" in p.name()]
         server.kill()
 
         # Then it is started again with the conversations, and a new message is answered
@@ -258,7 +362,7 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     assert said in out and "Traceback" not in out and "hunter2" not in out, out
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGKILL-all", "SIGHUP"])
 def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
     empty: Path, how: str
 ) -> None:
@@ -275,10 +379,13 @@ def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
                 "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
             )
         _until(_answered(client, 3), "the answers")
-        [server] = [c for c in psutil.Process(process.pid).children() if "valkey" in c.name()]
+        [server] = [p for p in _servers(empty) if "valkey" in p.name()]
         # When the service is killed (its whole process group, as `kill -9 -<pgid>` or a
-        # closed terminal would signal it)
-        os.killpg(process.pid, getattr(signal, how))
+        # closed terminal would signal it; SIGKILL-all: the keeper of its server too)
+        os.killpg(process.pid, getattr(signal, how.removesuffix("-all")))
+        if how == "SIGKILL-all":
+            [keeper] = [p for p in _servers(empty) if "keep_main" in " ".join(p.cmdline())]
+            keeper.kill()
         process.wait(timeout=DEADLINE)  # not its output: a server left running holds stderr
     finally:
         if process.stdout is not None:
@@ -302,7 +409,9 @@ def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
     finally:
         out = _ctrl_c(process)
         client.close()
-    # (killed: the next start saved the old server's conversations; hung up: the
-    # service stopped as on Ctrl-C, with its last snapshot, and left no server behind)
+    # (killed: the keeper saw its last user gone, saved the conversations and stopped
+    # the server; killed with the keeper: the next start saved the orphan's
+    # conversations; hung up: the service stopped as on Ctrl-C, with its last snapshot)
     left = "a private Valkey left by an earlier gridmem serve answers" in out
-    assert left == (how == "SIGKILL"), out
+    assert left == (how == "SIGKILL-all"), out
+    _until(lambda: not _servers(empty), "no server or keeper left")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from worker import (
     Settings,
     ToolSummary,
 )
+from worker.embedded import EmbeddedServerError, SharedValkey, keeper_running
 from worker.errors import BadScriptArgument
 from worker.prepare import TRUNCATION_MARKER
 from worker.scripts import ScriptCall
@@ -180,6 +183,70 @@ def test_from_config_starts_a_private_server() -> None:
             probe.ping()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.real
+def test_from_config_under_a_file_says_which_storage_path() -> None:
+    """Issue 13, items 3 and 4: a storage_path whose parent is a file ended in a bare
+    NotADirectoryError from deep in pathlib; now a GridmemError names the setting's
+    path, and nothing is left attached or running."""
+    base = short_tempdir("gm-cfg-")
+    try:
+        (base / "file").write_text("not a directory")
+        with pytest.raises(EmbeddedServerError, match=f"cannot use storage_path {base}/file/"):
+            ConversationStore.from_config(Settings(storage_path=base / "file" / "data"))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.real
+def test_a_failed_start_hook_leaves_no_server_and_no_wait() -> None:
+    """A user whose start-up work (the restore) fails lets go of the server at once: the
+    keeper stops it (before, the user waited for a keeper that needed its lock)."""
+    base = short_tempdir("gm-cfg-")
+    shared = SharedValkey(base / "valkey")
+
+    def fail() -> None:
+        raise RuntimeError("restore failed")
+
+    try:
+        with pytest.raises(RuntimeError):
+            shared.attach(on_start=fail)
+        assert not shared.attached
+        # Then the keeper, with no user, stops the server on its own
+        deadline = time.monotonic() + 30
+        while keeper_running(base / "valkey"):
+            assert time.monotonic() < deadline, "the keeper is still running"
+            time.sleep(0.02)  # polling another process's exit, with a deadline
+        # and a new user starts a new one, and is the last one out
+        assert shared.attach() is True
+        assert shared.detach() is True and not keeper_running(base / "valkey")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.real
+def test_a_storage_path_deleted_under_its_server_leaves_no_orphan() -> None:
+    """A storage_path removed while its server runs (a test's temporary directory, an
+    operator's rm -r): the keeper could no longer take its lock to stop the server,
+    crashed, and left the server running. Now it stops the server whatever happens."""
+    base = short_tempdir("gm-cfg-")
+    store = ConversationStore.from_config(Settings(storage_path=base))
+    pid = int(store.redis.info("server")["process_id"])
+    shutil.rmtree(base)
+    store.close()  # the last user, with no directory left to wait in
+    deadline = time.monotonic() + 30
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the server is still running"
+        time.sleep(0.02)  # polling another process's exit, with a deadline
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_stats_counts_everything_and_nothing_more(

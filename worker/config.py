@@ -276,12 +276,20 @@ class Settings(BaseSettings):
         env_prefix="GRIDMEM_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
+    # Relative: against the working directory at load time (the directory `gridmem
+    # serve` starts in), made absolute here, before anything uses it. The private
+    # Valkey runs in its --dir and its keeper in /, where a relative path would miss.
     storage_path: Path = Path("gridmem-data")
     redis: RedisSettings = Field(default_factory=RedisSettings)
     conversation: ConversationConfig = Field(default_factory=ConversationConfig)
     llm: LlmSettings = Field(default_factory=LlmSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @field_validator("storage_path")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
 
     @classmethod
     def settings_customise_sources(

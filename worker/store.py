@@ -10,6 +10,7 @@ this class only drives it with a blocking redis-py client.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -26,7 +27,7 @@ from redis.retry import Retry
 
 from worker.clock import Clock, SystemClock
 from worker.config import ConversationConfig, Settings
-from worker.embedded import EmbeddedValkey
+from worker.embedded import SharedValkey
 from worker.errors import script_error_from_reply
 from worker.operations import Op, Operations
 from worker.reads import ReadCall
@@ -56,6 +57,8 @@ from worker.snapshots import age_ms as snapshot_age_ms
 from worker.snapshots import expired as snapshot_expired
 
 T = TypeVar("T")
+
+log = logging.getLogger("gridmem.store")
 
 _MULTI = hiredis.pack_command(("MULTI",))
 _EXEC = hiredis.pack_command(("EXEC",))
@@ -112,6 +115,33 @@ def is_library_present(exc: redis.ResponseError) -> bool:
     return str(exc).startswith("Library ") and "already exists" in str(exc)
 
 
+def _snapshot_dir(settings: Settings) -> Path:
+    return settings.storage_path / "conversations"
+
+
+def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValkey:
+    """Attach to the private Valkey of settings.storage_path, starting it if none runs.
+    A server this call starts gets the newest snapshot (persistence on) before any
+    other user can attach, so no one writes a session the snapshot holds first."""
+    shared = SharedValkey(settings.storage_path / "valkey", settings)
+
+    def restore() -> None:
+        if not settings.conversation.persistence_enabled:
+            return
+        with ConversationStore(
+            connect(shared.url),
+            settings.conversation,
+            clock=clock,
+            snapshot_dir=_snapshot_dir(settings),
+        ) as store:
+            report = store.restore()
+        if report.error is not None:
+            log.error("restore: %s", report.error)
+
+    shared.attach(on_start=restore)
+    return shared
+
+
 class ConversationStore:
     """Bounded, isolated conversation memory over one Redis-compatible server.
 
@@ -140,24 +170,23 @@ class ConversationStore:
                 Path(snapshot_dir), self.config.limits, DEFAULT_REDACTOR
             )
         self._permissions_reported = False
-        self._embedded: EmbeddedValkey | None = None
+        self._shared: SharedValkey | None = None  # from_config's private server
         self._retrying = tenacity.Retrying(**retry_policy())
 
     @classmethod
     def from_config(cls, settings: Settings, *, clock: Clock | None = None) -> ConversationStore:
-        """Connect as `settings` say; with no Redis URL, start a private Valkey."""
-        embedded = None
-        if settings.redis.url is None:
-            embedded = EmbeddedValkey(settings.storage_path / "valkey").start()
-            url = embedded.url
-        else:
-            url = settings.redis.url
-        client = connect(url)
+        """Connect as `settings` say. With no Redis URL: the private Valkey under
+        storage_path, shared with every local process of that storage_path (started
+        if none runs; it stops when the last of them closes or exits). Close the
+        store (or use it in a `with` block) to leave it."""
         snapshot_dir = None
         if settings.conversation.persistence_enabled:
-            snapshot_dir = settings.storage_path / "conversations"
-        store = cls(client, settings.conversation, clock=clock, snapshot_dir=snapshot_dir)
-        store._embedded = embedded
+            snapshot_dir = _snapshot_dir(settings)
+        shared = attach_private(settings, clock) if settings.redis.url is None else None
+        url = shared.url if shared is not None else settings.redis.url
+        assert url is not None
+        store = cls(connect(url), settings.conversation, clock=clock, snapshot_dir=snapshot_dir)
+        store._shared = shared
         return store
 
     # -- the API (DESIGN section 9) -------------------------------------------------
@@ -268,10 +297,11 @@ class ConversationStore:
         return result
 
     def close(self) -> None:
+        """Close the client; leave the private server (the last user out stops it)."""
         self.redis.close()
-        if self._embedded is not None:
-            self._embedded.stop()
-            self._embedded = None
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.detach()
 
     def __enter__(self) -> ConversationStore:
         return self
@@ -468,6 +498,21 @@ class AsyncConversationStore:
         self.clock: Clock = clock or SystemClock()
         self._ops = Operations(self.config, self.clock)
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
+        self._shared: SharedValkey | None = None  # from_config's private server
+
+    @classmethod
+    def from_config(
+        cls, settings: Settings, *, clock: Clock | None = None
+    ) -> AsyncConversationStore:
+        """As ConversationStore.from_config (the private server shared, a new one
+        restored from the newest snapshot); leave it with `aclose()` or `async with`.
+        It blocks while a server starts (well under a second): call it at start-up."""
+        if settings.redis.url is not None:
+            return cls(connect_async(settings.redis.url), settings.conversation, clock=clock)
+        shared = attach_private(settings, clock)
+        store = cls(connect_async(shared.url), settings.conversation, clock=clock)
+        store._shared = shared
+        return store
 
     async def record(
         self,
@@ -553,7 +598,22 @@ class AsyncConversationStore:
         return result
 
     async def aclose(self) -> None:
+        """Close the client; leave the private server (the last user out stops it)."""
         await self.redis.aclose()
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await asyncio.to_thread(shared.detach)
+
+    async def __aenter__(self) -> AsyncConversationStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     async def _drive(self, op: Op[T], *, offload: bool = False) -> T:
         """Run an operation. With `offload`, its first step (validation and preparation:

@@ -13,7 +13,6 @@ once on a second signal (workers killed; the last snapshot is still flushed).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import multiprocessing
@@ -31,7 +30,7 @@ from typing import Any
 import redis
 
 from worker.config import Settings
-from worker.embedded import EmbeddedValkey
+from worker.embedded import SharedValkey
 from worker.errors import GridmemError
 from worker.keys import KeySpace
 from worker.service import GROUP, make_clock, run_worker_process
@@ -59,7 +58,7 @@ class Supervisor:
         self.settings = settings
         self.handle_signals = handle_signals
         self.url: str | None = settings.redis.url
-        self.embedded: EmbeddedValkey | None = None
+        self.embedded: SharedValkey | None = None
         self.store: ConversationStore | None = None
         self.ready = threading.Event()  # set once the store is up and workers are started
         self._stop = threading.Event()
@@ -160,10 +159,9 @@ class Supervisor:
     def _start_store(self) -> None:
         settings = self.settings
         if self.url is None:
-            self._retire_orphan()
-            self.embedded = EmbeddedValkey(settings.storage_path / "valkey").start()
+            # shared with the library users of the same storage_path (SharedValkey)
+            self.embedded = SharedValkey(settings.storage_path / "valkey", settings)
             self.url = self.embedded.url
-            log.info("private Valkey started on %s", self.embedded.socket_path)
         conversation = settings.conversation
         snapshot_dir = None
         if conversation.persistence_enabled:
@@ -174,57 +172,24 @@ class Supervisor:
             clock=make_clock(settings.worker),
             snapshot_dir=snapshot_dir,
         )
-        self._prepare_store()
+        self._attach_or_prepare()
         self._start_metrics()
         for slot in self._slots:
             self._spawn(slot)
 
-    def _retire_orphan(self) -> None:
-        """A private Valkey an earlier `gridmem serve` left running (it was killed with
-        SIGKILL, or by the OOM killer: the server, in its own process group, outlives
-        it) still holds that service's live conversations. Write them to a snapshot
-        (persistence on), then shut it down; the new server restores them. Before,
-        the new server took its socket path and the old one ran on, unreachable."""
-        socket_path = (self.settings.storage_path / "valkey" / "valkey.sock").absolute()
-        if not socket_path.exists():
+    def _attach_or_prepare(self) -> None:
+        """The private Valkey: attach (a new server is prepared before any other user
+        sees it); an external server: prepare it."""
+        if self.embedded is None:
+            self._prepare_store()
             return
-        client = connect(f"unix://{socket_path}", socket_timeout=10)
-        try:
-            try:
-                client.ping()
-            except (redis.RedisError, OSError):
-                return  # a stale socket file: nothing answers; EmbeddedValkey replaces it
-            log.warning(
-                "a private Valkey left by an earlier gridmem serve answers on %s: "
-                "saving its conversations and stopping it",
-                socket_path,
-            )
-            conversation = self.settings.conversation
-            if conversation.persistence_enabled:
-                try:
-                    info = ConversationStore(
-                        client,
-                        conversation,
-                        clock=make_clock(self.settings.worker),
-                        snapshot_dir=self.settings.storage_path / "conversations",
-                    ).flush()
-                    if info is not None:
-                        log.info(
-                            "snapshot generation %d: %d sessions", info.generation, info.sessions
-                        )
-                except Exception as exc:  # stop it anyway: the older snapshots remain
-                    log.error("saving the earlier server's conversations failed: %s", exc)
-            with contextlib.suppress(redis.RedisError, OSError):
-                client.shutdown(nosave=True)  # it closes the connection: no reply
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:  # until it is gone, so one server is up
-                try:
-                    client.ping()
-                except (redis.RedisError, OSError):
-                    break
-                time.sleep(0.05)  # polling another process's exit, with a deadline
-        finally:
-            client.close()
+        if self.embedded.attach(on_start=self._prepare_store):
+            log.info("private Valkey started on %s", self.embedded.socket_path)
+        else:
+            # started by a library user of this storage_path: its restore ran (restore
+            # runs once per server), the consumer group may not exist yet
+            log.info("private Valkey already running on %s: sharing it", self.embedded.socket_path)
+            self._prepare_store()
 
     def _prepare_store(self) -> None:
         """What a new server needs: the newest snapshot restored (persistence on), the
@@ -248,23 +213,27 @@ class Supervisor:
         operator restarted it. (An external server is the operator's to restart; the
         workers wait for it and recreate the consumer group.)"""
         embedded = self.embedded
-        if embedded is None or embedded.returncode is None or self._stop.is_set():
+        if embedded is None or self._stop.is_set():
+            return
+        status = embedded.returncode  # None while it runs, or when not attached
+        if embedded.attached and status is None:
             return
         now = time.monotonic()
         if now < self._store_not_before:
             return
-        log.error("private Valkey exited with %s; starting it again", embedded.returncode)
+        if embedded.attached:
+            log.error("private Valkey exited with %s; starting it again", status)
+        else:  # the last try to start it again failed
+            log.error("starting the private Valkey again")
         self._store_restarts = [t for t in self._store_restarts if now - t < 60] + [now]
         self._store_not_before = now + min(
             RESTART_BACKOFF_MAX, 0.5 * 2 ** (len(self._store_restarts) - 1)
         )
+        embedded.detach()
         try:
-            embedded.start()
-            self._prepare_store()
+            self._attach_or_prepare()
         except Exception as exc:  # keep supervising; try again after the backoff
             log.error("starting the private Valkey again failed: %s", exc)
-            return
-        log.info("private Valkey started again on %s", embedded.socket_path)
 
     def _spawn(self, slot: Slot) -> None:
         assert self.url is not None
@@ -357,6 +326,14 @@ class Supervisor:
             self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
-        if self.embedded is not None:
-            self.embedded.stop()
+        self._leave_store()
+
+    def _leave_store(self) -> None:
+        """Last: the workers and the last snapshot needed the server. It stops once no
+        library user of this storage_path is attached either."""
+        if self.embedded is None or not self.embedded.attached:
+            return
+        if self.embedded.detach():
             log.info("private Valkey stopped")
+        elif self.embedded.socket_path.exists():
+            log.info("private Valkey left running for its other users")
