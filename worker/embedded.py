@@ -18,11 +18,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from worker.errors import GridmemError
+from worker.errors import ConfigError, GridmemError
 
 
 class EmbeddedServerError(GridmemError):
     """The private server could not be started."""
+
+
+class SocketPathTooLong(EmbeddedServerError, ConfigError):
+    """The socket path does not fit a Unix socket address: a setting to change, not a fault."""
 
 
 def server_binary() -> str:
@@ -88,7 +92,7 @@ class EmbeddedValkey:
 
     def start(self, timeout: float = 10.0) -> EmbeddedValkey:
         if len(str(self.socket_path)) > 100:  # sun_path holds 104-108 bytes, by platform
-            raise EmbeddedServerError(
+            raise SocketPathTooLong(
                 f"socket path {self.socket_path} is too long for a Unix socket; "
                 "choose a shorter storage_path"
             )
