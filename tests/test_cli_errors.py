@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import redis as redis_py
 
 from tests.conftest import short_tempdir
 from worker.config import Settings, endpoints, redacted_url, unknown_environment
@@ -436,3 +437,37 @@ def test_demo_numeric_flags_say_what_is_wrong(
         main(["demo", *args])
     err = capsys.readouterr().err
     assert done.value.code == 2 and said in err and "_positive" not in err, err
+
+
+# -- the table itself, for the kinds the processes above do not meet ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "said"),
+    [
+        (redis_py.AuthenticationError("invalid username-password pair"), 2, "refused the credentials"),
+        (redis_py.ResponseError("ERR unknown command 'FCALL'"), 1, "answered with an error"),
+        (redis_py.TimeoutError("Timeout reading from socket"), 1, "cannot reach Redis at"),
+        (OSError(98, "Address already in use"), 1, "Address already in use"),
+        (FileNotFoundError(2, "No such file or directory", "/usr/bin/valkey-server"), 1,
+         "cannot use No such file or directory: /usr/bin/valkey-server"),
+        (PermissionError(13, "Permission denied", "/srv/gm/valkey"), 2,
+         "storage_path /srv/gm (GRIDMEM_STORAGE_PATH) cannot be used: Permission denied"),
+    ],
+)  # fmt: skip
+def test_each_kind_of_failure_has_its_status_and_words(
+    exc: BaseException, status: int, said: str
+) -> None:
+    from worker.cli import Where, failure
+
+    where = Where(f"redis://:{SECRET}@h:6379/0", Path("/srv/gm"))
+    told = failure(exc, where)
+    assert told is not None and told[0] == status and said in told[1], told
+    assert SECRET not in told[1]
+
+
+def test_a_bug_keeps_its_traceback() -> None:
+    """Only what a person can act on is turned into a line; anything else is a bug."""
+    from worker.cli import Where, failure
+
+    assert failure(KeyError("x"), Where(None, Path("gridmem-data"))) is None

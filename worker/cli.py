@@ -141,6 +141,8 @@ class Failure(NamedTuple):
     types: tuple[type[BaseException], ...]
     status: int
     say: Callable[[BaseException, Where], str]
+    # a narrower test than the type, where one type covers settings and faults both
+    when: Callable[[BaseException, Where], bool] = lambda exc, where: True
 
 
 class Where(NamedTuple):
@@ -159,6 +161,8 @@ class Where(NamedTuple):
 
 def _path_problem(exc: BaseException, where: Where) -> str:
     assert isinstance(exc, OSError)
+    if exc.filename is None:
+        return str(exc)
     what = f"{exc.strerror or exc}: {exc.filename}"
     if _under_storage(exc, where):
         return (
@@ -181,6 +185,10 @@ def _under_storage(exc: BaseException, where: Where) -> bool:
 # an EmbeddedServerError a GridmemError). Anything not here is a bug: its traceback stays.
 FAILURES: list[Failure] = [
     Failure((ConfigError,), CONFIG_EXIT, lambda exc, where: str(exc)),
+    # storage_path under /proc, below a file, not writable: a setting; another OS fault
+    # (a missing binary, a port in use) is not
+    Failure((OSError,), CONFIG_EXIT, _path_problem, when=_under_storage),
+    Failure((OSError,), FAULT_EXIT, _path_problem),
     Failure(
         (ValidationError,),
         CONFIG_EXIT,
@@ -214,12 +222,8 @@ def _config_error(exc: BaseException) -> ConfigError:
 
 def failure(exc: BaseException, where: Where) -> tuple[int, str] | None:
     """(exit status, message) for an exception a person can act on; None for a bug."""
-    if isinstance(exc, OSError) and not isinstance(exc, redis.RedisError):
-        # a path the settings name is a setting to change; another OS fault is not
-        status = CONFIG_EXIT if _under_storage(exc, where) else FAULT_EXIT
-        return status, _path_problem(exc, where)
     for entry in FAILURES:
-        if isinstance(exc, entry.types):
+        if isinstance(exc, entry.types) and entry.when(exc, where):
             return entry.status, entry.say(exc, where)
     return None
 
