@@ -159,7 +159,7 @@ def test_events_and_follow(
 ) -> None:
     done = gm(server, client_binary, "events", "--count", "3", "--json")
     assert done.returncode == 0, done.stderr
-    events = [json.loads(line) for line in done.stdout.splitlines()]
+    events = json.loads(done.stdout)  # one document, as every other command prints
     assert len(events) == 3 and all(e["reason"] == "compacted" for e in events)
     assert [e["id"] for e in events] == [e.id for e in store.events(count=1000)][-3:]
     table = gm(server, client_binary, "events")
@@ -284,6 +284,11 @@ def test_transcript_limit_is_clamped(
         ["events", "--count", "\u0661\u0660"], ["events", "--count", "0x10"], ["events", "--count", "+5"],
         ["events", "--count", "1e3"], ["events", "--count", " 5"], ["events", "--count", ""], ["events", "--count", "-"],
         ["sessions", "--limit", "\uff11"], ["transcript", A, "im", "--show-content", "--before", "-1"],
+        # a count is never negative (issue 13 item 10: -5 was clamped to 1, silently)
+        ["events", "--count", "-5"], ["events", "--count", "-0"], ["sessions", "--limit", "-1"],
+        ["transcript", A, "im", "--show-content", "--limit", "-99999999999999999999"],
+        # a URL scheme the clients cannot use (exit 1 before), a socket path no socket can have
+        ["-u", "http://x", "stats"], ["-u", "valkey://127.0.0.1", "stats"], ["-s", "/" + "x" * 120, "stats"],
         ["transcript", A, "im", "--show-content", "--after", "-00000000000000000000001"],
     ],
 )  # fmt: skip
@@ -341,6 +346,9 @@ def test_finds_the_private_server_and_honours_rediscli_auth(client_binary: str) 
         )
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["sessions"]["im"] == 1
+        # found, not given: it says which server it used (issue 13 item 10)
+        socket = storage / "valkey" / "valkey.sock"
+        assert f"gridmem-cli: server: the private Valkey at {socket}" in ok.stderr
         denied = subprocess.run(
             [str(CLI), "stats"],
             capture_output=True,
@@ -552,14 +560,14 @@ def test_events_cover_every_shard(
     ]
     done = gm(server, client_binary, "--json", "events", "--count", "100")
     assert done.returncode == 0, done.stderr
-    events = [json.loads(line) for line in done.stdout.splitlines()]
+    events = json.loads(done.stdout)
     assert sorted((e["shard"], e["id"]) for e in events) == sorted(streams)
     assert {e["shard"] for e in events} == {0, 1, 2}
     assert {e["avatar_uuid"] for e in events} == three_shards.deleted
     order = [(*map(int, e["id"].split("-")), e["shard"]) for e in events]
     assert order == sorted(order)  # merged oldest first
     newest = gm(server, client_binary, "--json", "events", "--count", "4")
-    assert [json.loads(line) for line in newest.stdout.splitlines()] == events[-4:]
+    assert json.loads(newest.stdout) == events[-4:]
 
 
 def test_events_follow_every_shard(
@@ -622,8 +630,7 @@ def test_several_stores_on_one_server(server: EmbeddedValkey, client_binary: str
         ("08", 8),  # not an octal error
         ("09", 9),
         ("0000000000000000000000000003", 3),  # zeros are dropped before the digits count
-        ("-0", 1),
-        ("-99999999999999999999", 1),  # clamped to 1, not wrapped
+        ("0", 1),  # clamped up to 1 (a negative one is refused: issue 13 item 10)
     ],
 )
 def test_integer_arguments_are_decimal(
@@ -634,7 +641,7 @@ def test_integer_arguments_are_decimal(
     assert len(store.events(count=1000)) > 10
     done = gm(server, client_binary, "events", "--count", asked, "--json")
     assert done.returncode == 0, done.stderr
-    assert len(done.stdout.splitlines()) == got
+    assert len(json.loads(done.stdout)) == got
 
 
 @pytest.mark.parametrize("digits", [16, 19, 20, 21, 40])
@@ -647,7 +654,7 @@ def test_a_count_of_more_than_15_digits_saturates(
     for asked in ("9" * digits, "1" + "0" * (digits - 1), "9223372036854775808"):
         done = gm(server, client_binary, "events", "--count", asked, "--json")
         assert done.returncode == 0, done.stderr
-        assert len(done.stdout.splitlines()) == every, asked
+        assert len(json.loads(done.stdout)) == every, asked
 
 
 def test_sequence_anchors_are_decimal_and_saturate(
@@ -712,3 +719,105 @@ def test_a_resident_cannot_forge_transcript_lines(
         gm(server, client_binary, "transcript", who, "public", "--show-content", "--json").stdout
     )
     assert page["turns"][0]["text"].startswith(forged)
+
+
+# -- issue 13 item 10: rough edges a newcomer meets ----------------------------------------------
+
+
+def test_json_events_is_one_document_and_an_empty_list_when_there_are_none(
+    server: EmbeddedValkey, client_binary: str
+) -> None:
+    """Regression (issue 13 item 10): `--json events` printed nothing when there were no
+    events, and one object per line when there were, while every other command prints
+    one document."""
+    ConversationStore(server.client()).publish_limits()  # a store, and no event yet
+    done = gm(server, client_binary, "--json", "events")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+    store = ConversationStore(server.client())
+    store.record(A, "im", AvatarMessage(text="hi"))
+    store.delete(A, "im")
+    [event] = json.loads(gm(server, client_binary, "--json", "events").stdout)
+    assert event["reason"] == "deleted_operator" and event["avatar_uuid"] == A
+
+
+def test_json_events_follow_prints_one_object_per_line(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str
+) -> None:
+    """A followed stream has no end, so --follow --json stays JSON Lines (documented)."""
+    tmp = short_tempdir("gm-follow-")
+    follower = Follower(server, client_binary, tmp, "--count", "2", "--json")
+    try:
+        first = [json.loads(follower.line()), json.loads(follower.line())]
+        assert all(isinstance(e, dict) and e["reason"] == "compacted" for e in first)
+        store.delete(B, "public")
+        assert json.loads(follower.line())["reason"] == "deleted_operator"
+        assert "Traceback" not in follower.stop()
+    finally:
+        follower.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_json_transcript_has_no_next_anchor_on_its_last_page(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str
+) -> None:
+    """Regression (issue 13 item 10): `"has_more": false, "next_anchor": 1` read as a
+    page to go on to."""
+    base = ["transcript", A, "im", "--show-content", "--json"]
+    every = json.loads(gm(server, client_binary, *base, "--limit", "200").stdout)
+    assert every["has_more"] is False and every["next_anchor"] is None and every["turns"]
+    page = json.loads(gm(server, client_binary, *base, "--limit", "3").stdout)
+    assert page["has_more"] is True and page["next_anchor"] == page["turns"][0]["seq"]
+    last = json.loads(gm(server, client_binary, *base, "--after", "0", "--limit", "200").stdout)
+    assert last["has_more"] is False and last["next_anchor"] is None
+
+
+def test_one_session_is_one_session(server: EmbeddedValkey, client_binary: str) -> None:
+    """Regression (issue 13 item 10): "1 sessions"."""
+    ConversationStore(server.client()).record(A, "im", AvatarMessage(text="hi"))
+    assert "\n1 session; end" in gm(server, client_binary, "sessions").stdout
+    ConversationStore(server.client()).record(B, "im", AvatarMessage(text="hi"))
+    assert "\n2 sessions; end" in gm(server, client_binary, "sessions").stdout
+
+
+def test_clamping_is_said_in_help_and_on_stderr(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str
+) -> None:
+    """Regression (issue 13 item 10): --limit and --count were clamped silently while
+    --help gave no range; clamping is the contract of transcript pages, so it stays,
+    said in --help and on stderr when it happens."""
+    for command in ("sessions", "events", "transcript"):
+        help_text = gm(None, client_binary, command, "--help").stdout
+        assert "clamped to 1 .. the store's largest" in help_text and "negative refused" in (
+            help_text
+        ), help_text
+    wide = gm(server, client_binary, "transcript", A, "im", "--show-content", "--limit", "5000")
+    assert wide.returncode == 0
+    assert "gridmem-cli: --limit 5000 is outside 1..200 (the store's bounds): using 200" in (
+        wide.stderr
+    )
+    quiet = gm(server, client_binary, "events", "--count", "3")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_it_says_which_server_it_talks_to(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str
+) -> None:
+    """Regression (issue 13 item 10): with no socket under ./gridmem-data the CLI asked
+    127.0.0.1:6379 silently and listed another store's sessions. Now a server it was
+    not given on the command line is named on stderr, -v names any, and with none it
+    stops (tests/test_cli_errors.py: cli-no-server-here)."""
+    told = gm(server, client_binary, "-v", "--json", "stats")
+    assert told.returncode == 0 and json.loads(told.stdout)["sessions"]["im"] == 1
+    assert told.stderr == f"gridmem-cli: server: unix socket {server.socket_path} (--socket)\n"
+    assert gm(server, client_binary, "stats").stderr == ""  # given on the command line
+    # a unix:// URL works (redis-cli and valkey-cli refuse it as -u), from the
+    # environment too, as gridmem serve reads it
+    url = f"unix://{server.socket_path}"
+    by_url = gm(None, client_binary, "-u", url, "--json", "stats")
+    assert by_url.returncode == 0 and by_url.stderr == "", by_url.stderr
+    from_env = gm(None, client_binary, "--json", "stats", env={"GRIDMEM_REDIS__URL": url})
+    assert from_env.returncode == 0 and json.loads(from_env.stdout)["sessions"]["im"] == 1
+    assert from_env.stderr == (
+        f"gridmem-cli: server: unix socket {server.socket_path} ($GRIDMEM_REDIS__URL)\n"
+    )

@@ -330,25 +330,27 @@ def test_a_second_serve_in_the_same_directory_refuses_to_start(empty: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("env", "said"),
+    ("env", "said", "status"),
     [
         (
             {"GRIDMEM_REDIS__URL": "redis://:hunter2-secret@127.0.0.1:1/0"},
-            "gridmem serve cannot start: ConnectionError",
+            "gridmem serve: cannot reach Redis at redis://:***@127.0.0.1:1/0",
+            1,
         ),
         (
             {"GRIDMEM_STORAGE_PATH": "/proc/gridmem-nope"},
-            "cannot use storage_path /proc/gridmem-nope",
+            "gridmem serve: storage_path /proc/gridmem-nope",
+            2,  # a setting to change (issue 13 item 4)
         ),
     ],
 )
 def test_serve_that_cannot_start_says_why_in_one_line(
-    empty: Path, env: dict[str, str], said: str
+    empty: Path, env: dict[str, str], said: str, status: int
 ) -> None:
     """Regression (issue 12, second pass, a careless operator): an unreachable Redis or an
     unusable storage_path ended `gridmem serve` with a traceback from deep in redis-py
-    or pathlib. Now: exit status 1 and one line that names the problem, never the
-    URL's password."""
+    or pathlib. Now: one line that names the problem, never the URL's password, and
+    exit status 1 for a fault, 2 for a setting (tests/test_cli_errors.py has them all)."""
     result = subprocess.run(
         [sys.executable, "-m", "worker", "serve"],
         cwd=empty,
@@ -358,7 +360,7 @@ def test_serve_that_cannot_start_says_why_in_one_line(
         check=False,
     )
     out = (result.stdout + result.stderr).decode()
-    assert result.returncode == 1, out
+    assert result.returncode == status, out
     assert said in out and "Traceback" not in out and "hunter2" not in out, out
 
 

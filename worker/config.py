@@ -8,9 +8,14 @@ variables override it (double underscore for nesting: `GRIDMEM_REDIS__URL`).
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -28,6 +33,8 @@ from pydantic_settings import (
 )
 
 from worker.errors import ConfigError
+
+log = logging.getLogger("gridmem.config")
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -213,6 +220,28 @@ def _blank_is_none(value: object) -> object:
     return None if isinstance(value, str) and not value.strip() else value
 
 
+# What redis-py's Redis.from_url understands; anything else failed at connect time,
+# with a traceback from deep in redis-py.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _redis_url(url: str | None) -> str | None:
+    """Refuse a URL redis-py cannot connect with. The message never repeats the URL,
+    which may hold a password."""
+    if url is None:
+        return None
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in REDIS_SCHEMES:
+        raise ValueError("must start with redis://, rediss:// or unix://")
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # urllib's own words: "Invalid IPv6 URL", "Port out of range"
+        raise ValueError(f"is not a valid Redis URL ({exc})") from None
+    return url
+
+
 class RedisSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -220,6 +249,25 @@ class RedisSettings(BaseModel):
     url: str | None = None
 
     _url = field_validator("url", mode="before")(_blank_is_none)
+    _url_scheme = field_validator("url")(_redis_url)
+
+
+def _http_url(url: str | None) -> str | None:
+    """An endpoint the HTTP client can POST to: a typo here used to fail every message,
+    one at a time, instead of the start."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (reading it validates it)
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            "must be an http:// or https:// URL with a host, "
+            "such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1"
+        )
+    return url
 
 
 class LlmSettings(BaseModel):
@@ -229,6 +277,7 @@ class LlmSettings(BaseModel):
     model: str = "gpt-4o-mini"
 
     _base_url = field_validator("base_url", mode="before")(_blank_is_none)
+    _base_url_http = field_validator("base_url")(_http_url)
     # The key itself is never in a file: only the name of the variable holding it.
     api_key_env: str = "OPENAI_API_KEY"
     system_prompt: str = (
@@ -319,15 +368,118 @@ class Settings(BaseSettings):
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         try:
-            return cls(**data)
+            settings = cls(**data)
         except ValidationError as exc:
             raise config_error(exc) from None
+        for warning in unknown_environment(os.environ, settings):
+            log.warning("%s", warning)
+        return settings
 
 
 def config_error(exc: ValidationError) -> ConfigError:
-    """A ConfigError listing each bad field by its dotted path."""
-    problems = [
-        f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-        for err in exc.errors(include_input=False, include_url=False)
-    ]
+    """A ConfigError listing each bad field by its dotted path (and, for a setting that
+    exists, the environment variable that sets it too)."""
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        path = [str(p) for p in err["loc"]]
+        name = ".".join(path) or "settings"
+        variable = env_name(path)
+        if variable in setting_variables(sections=False):
+            name += f" ({variable})"
+        # pydantic words a validator's ValueError "Value error, ...": the field says it
+        problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
     return ConfigError("invalid settings: " + "; ".join(problems))
+
+
+def env_name(path: list[str]) -> str:
+    """The environment variable for a setting's dotted path: redis.url -> GRIDMEM_REDIS__URL."""
+    return "GRIDMEM_" + "__".join(part.upper() for part in path)
+
+
+def setting_variables(*, sections: bool = True) -> set[str]:
+    """Every GRIDMEM_* variable that sets something: each field, nested ones included,
+    and (`sections`) each section, which may be given whole as JSON
+    (GRIDMEM_REDIS='{"url": ...}')."""
+    found: set[str] = set()
+
+    def walk(model: type[BaseModel], path: list[str]) -> None:
+        for name, info in model.model_fields.items():
+            kind = info.annotation
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                walk(kind, [*path, name])
+                if not sections:
+                    continue
+            found.add(env_name([*path, name]))
+
+    walk(Settings, [])
+    return found
+
+
+# GRIDMEM_* variables read by something other than Settings (bin/gridmem-cli).
+OTHER_VARIABLES = frozenset({"GRIDMEM_REDIS_CLI", "GRIDMEM_PYTHON"})
+
+
+def unknown_environment(environ: Mapping[str, str], settings: Settings) -> list[str]:
+    """One warning per GRIDMEM_* variable that sets nothing, with the nearest valid name.
+
+    pydantic-settings ignores them silently: GRIDMEM_REDIS_URL (one underscore) left
+    the Redis URL unset and `gridmem serve` quietly started a private server. A name
+    under a section (GRIDMEM_REDIS__NOPE) is already refused by validation.
+    """
+    known = setting_variables()
+    sections = {v + "__" for v in known}
+    allowed = known | OTHER_VARIABLES | {settings.llm.api_key_env.upper()}
+    warnings = []
+    for variable in sorted(environ):
+        name = variable.upper()
+        if not name.startswith("GRIDMEM_") or name in allowed:
+            continue
+        if any(name.startswith(section) for section in sections):
+            continue
+        warnings.append(
+            f"environment variable {variable} is not a gridmem setting and is ignored"
+            + _nearest(name, known)
+        )
+    return warnings
+
+
+def _nearest(name: str, known: set[str]) -> str:
+    # the usual slip: one underscore where sections need two (GRIDMEM_REDIS_URL)
+    prefix, rest = "GRIDMEM_", name.removeprefix("GRIDMEM_")
+    for at in (i for i, ch in enumerate(rest) if ch == "_"):
+        doubled = prefix + rest[:at] + "_" + rest[at:]
+        if doubled in known:
+            return f"; did you mean {doubled}?"
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean {close[0]}?"
+    return " (see gridmem.example.toml; nested settings use a double underscore)"
+
+
+def redacted_url(url: str) -> str:
+    """`url` fit for a log line: any password (or lone user-info, which redis-cli
+    reads as a password) replaced by ***, and no query string (it may carry a key)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<not a URL>"
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        user, _, host = authority.rpartition("@")
+        name, colon, _ = user.partition(":")
+        authority = f"{name}:***@{host}" if colon else f"***@{host}"
+    return f"{scheme}://{authority}{slash}{path.split('?', 1)[0]}"
+
+
+def endpoints(settings: Settings, store_url: str) -> str:
+    """Which Redis and which language model a service uses, for its start-up log line
+    (a newcomer's GRIDMEM_REDIS_URL typo showed only as a private server starting)."""
+    if settings.redis.url is None:
+        store = f"private Valkey on {store_url.removeprefix('unix://')}"
+    else:
+        store = f"{redacted_url(settings.redis.url)} (redis.url)"
+    llm = settings.llm
+    if llm.base_url is None:
+        model = "offline responder (no llm.base_url)"
+    else:
+        model = f"{redacted_url(llm.base_url)}, model {llm.model}"
+    return f"Redis: {store}; LLM: {model}"

@@ -423,6 +423,19 @@ def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(counter.items())) or "none"
 
 
+def _wait_started(
+    supervisor: Supervisor, thread: threading.Thread, failed: list[Exception]
+) -> None:
+    """Until the service is up; what stopped it from starting is raised here (before, the
+    demo waited its whole minute for a service that had already given up)."""
+    deadline = time.monotonic() + 60
+    while not supervisor.ready.wait(0.1):
+        if not thread.is_alive():  # it has said why in `failed` before it ended
+            raise failed[0] if failed else RuntimeError("the service stopped before it started")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the service did not start within 60 s")
+
+
 def run_demo(
     residents: int = 1500,
     processes: int = 2,
@@ -442,7 +455,15 @@ def run_demo(
         },
     )  # fmt: skip
     supervisor = Supervisor(settings, handle_signals=False)
-    thread = threading.Thread(target=supervisor.run, name="supervisor", daemon=True)
+    failed: list[Exception] = []
+
+    def supervise() -> None:
+        try:
+            supervisor.run()
+        except Exception as exc:  # raised again below, where the CLI says it in one line
+            failed.append(exc)
+
+    thread = threading.Thread(target=supervise, name="supervisor", daemon=True)
     demo = Demo(residents, seed, out, speed)
     out.write(
         f"gridmem demo: private Valkey, {processes} worker processes, {residents} residents, "
@@ -450,8 +471,7 @@ def run_demo(
     )
     try:
         thread.start()
-        if not supervisor.ready.wait(60):
-            raise RuntimeError("the service did not start")
+        _wait_started(supervisor, thread, failed)
         assert supervisor.url is not None and supervisor.store is not None
         client: Any = redis.Redis.from_url(supervisor.url, decode_responses=True)
         demo.run(client)

@@ -33,13 +33,22 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from worker.config import Settings
-from worker.errors import GridmemError
+from worker.errors import ConfigError, GridmemError
 
 log = logging.getLogger("gridmem.embedded")
 
 
 class EmbeddedServerError(GridmemError):
     """The private server could not be started."""
+
+
+class SocketPathTooLong(EmbeddedServerError, ConfigError):
+    """The socket path does not fit a Unix socket address: a setting to change, not a fault."""
+
+
+class StoragePathUnusable(EmbeddedServerError, ConfigError):
+    """storage_path cannot hold the private server (under /proc, below a file, no
+    permission): a setting to change, not a fault."""
 
 
 def server_binary() -> str:
@@ -105,7 +114,7 @@ class EmbeddedValkey:
 
     def start(self, timeout: float = 10.0) -> EmbeddedValkey:
         if len(str(self.socket_path)) > 100:  # sun_path holds 104-108 bytes, by platform
-            raise EmbeddedServerError(
+            raise SocketPathTooLong(
                 f"socket path {self.socket_path} is too long for a Unix socket; "
                 "choose a shorter storage_path"
             )
@@ -308,7 +317,7 @@ class SharedValkey:
         if self._users is not None:
             return False
         if len(str(self.socket_path)) > 100:  # sun_path holds 104-108 bytes, by platform
-            raise EmbeddedServerError(
+            raise SocketPathTooLong(
                 f"socket path {self.socket_path} is too long for a Unix socket; "
                 "choose a shorter storage_path"
             )
@@ -338,7 +347,7 @@ class SharedValkey:
             os.chmod(self.directory, 0o700)
             fd = _open_lock(self.directory / "server.lock")
         except OSError as exc:
-            raise EmbeddedServerError(
+            raise StoragePathUnusable(
                 f"cannot use storage_path {self.directory.parent} for the private Valkey: "
                 f"{exc.strerror or exc}"
             ) from None

@@ -27,11 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import redis
-
-from worker.config import Settings
+from worker.config import Settings, endpoints
 from worker.embedded import SharedValkey
-from worker.errors import GridmemError
 from worker.keys import KeySpace
 from worker.service import GROUP, make_clock, run_worker_process
 from worker.store import ConversationStore, connect
@@ -84,13 +81,10 @@ class Supervisor:
         try:
             if self.url is None and not self._lock_storage():
                 return 1
-            try:
-                self._start_store()
-            except (OSError, redis.RedisError, GridmemError) as exc:
-                # a person can act on one line (the path, the URL's host); a traceback
-                # from deep in redis-py or pathlib said less, louder
-                log.error("gridmem serve cannot start: %s: %s", type(exc).__name__, exc)
-                return 1
+            # what stops the start (an unusable storage_path, Redis not answering) is
+            # raised to the caller: worker/cli.py says it in one line with an exit status
+            self._start_store()
+            log.info("%s", endpoints(self.settings, self.url or ""))
             self.ready.set()
             self._supervise()
         finally:
@@ -111,12 +105,10 @@ class Supervisor:
         held for the supervisor's lifetime; its file says which process holds it.
         """
         path = self.settings.storage_path
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            log.error("gridmem serve cannot use storage_path %s: %s", path.absolute(), exc)
-            return False
+        # an unusable storage_path (under /proc, below a file) raises OSError naming
+        # the path: the caller says it in one line (worker/cli.py)
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
