@@ -15,6 +15,8 @@ from worker import (
 )
 from worker.records import CHANNEL_TTL_MS
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 
 
