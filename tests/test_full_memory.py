@@ -43,6 +43,8 @@ from worker.reads import clock_fields, context_read
 from worker.scripts import load_scripts
 from worker.store import AsyncConversationStore, translate
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 CLI = Path(__file__).resolve().parent.parent / "bin" / "gridmem-cli"
 PUBLIC_TTL_MS = 1_800_000  # DESIGN section 4
 TALKERS = [avatar(n) for n in range(6)]
