@@ -253,6 +253,13 @@ def _on_ci() -> bool:
     return os.environ.get("CI") == "true"
 
 
+def _ci_subset() -> str:
+    """CI_SUBSET names a run CI makes of part of the suite on purpose (.ci/run's fast
+    suite on each other Python): its real-server tests must still pass, none skipped,
+    but the counts are the whole suite's, which the run of the whole suite checks."""
+    return os.environ.get("CI_SUBSET", "")
+
+
 def real_backend(item: pytest.Item) -> str | None:
     """The real server a real-server test runs against, or None for any other test.
 
@@ -320,7 +327,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CI=true, fewer passed real-server tests than tests/real_tests.toml fails the run."""
     config = session.config
-    if not _on_ci() or config.option.collectonly:
+    if not _on_ci() or config.option.collectonly or _ci_subset():
         return
     try:
         expected = expected_real_tests()
@@ -347,6 +354,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(
             "real-server tests selected: "
             + ", ".join(f"{name} = {collected[name]}" for name in REAL_ENGINES)
+        )
+    if _on_ci() and _ci_subset():
+        terminalreporter.write_line(
+            f"CI guard: real-server counts not checked in this subset run (CI_SUBSET={_ci_subset()})"
         )
     shortfall = config.stash.get(_SHORTFALL, [])
     if shortfall:
