@@ -19,6 +19,8 @@ from worker import (
     TurnView,
 )
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 
 

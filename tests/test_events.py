@@ -19,6 +19,8 @@ from worker import (
 )
 from worker.records import CHANNEL_TTL_MS
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 WORDS = "plum-saxophone-marker"
 
 

@@ -16,6 +16,8 @@ from worker import (
 from worker.records import CHANNEL_TTL_MS
 from worker.scripts import WRITE_SWEEP_BATCH
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.helpers import avatar
 from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits
+
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
 A = avatar(1)
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import avatar
 from worker import AgentReply, AvatarMessage, Channel, ConversationStore, ToolSummary
+
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
 
 def test_public_and_im_of_one_avatar_share_nothing(store: ConversationStore) -> None:

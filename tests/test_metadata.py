@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.helpers import avatar
 from worker import AvatarMessage, Channel, ConversationStore, ManualClock, SessionMetadata
+
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
 SECRET_WORDS = "zebra-quartz-marker"
 

@@ -27,6 +27,8 @@ from worker import (
 )
 from worker.embedded import EmbeddedValkey, cli_binary
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 pytestmark = pytest.mark.real
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,12 +1,16 @@
-"""The wheel carries the Lua scripts: build it, install it in a fresh venv, use it from there."""
+"""The wheel carries the Lua scripts, the operator CLI, py.typed and the LICENSE: build
+it, install it in a fresh venv, use it from there. And what the sdist and the docs name
+is in the repository."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -19,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE = """
 import sys, tempfile
 from pathlib import Path
+import subprocess
 import worker
 from worker.scripts import load_scripts, lua_dir
 assert Path(worker.__file__).is_relative_to(sys.prefix), worker.__file__
@@ -31,7 +36,27 @@ with EmbeddedValkey(Path(tempfile.mkdtemp(prefix="gmw", dir="/tmp"))) as server:
     store.record("8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "im", AvatarMessage(text="from the wheel"))
     [m] = store.context("8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "im")
     assert m.content == "from the wheel"
+    # the operator CLI, installed as a script, runs its bundled bash and Lua
+    cli = Path(sys.executable).parent / "gridmem-cli"
+    listed = subprocess.run(
+        [str(cli), "--socket", str(server.socket_path), "--json", "sessions"],
+        check=True, capture_output=True, text=True,
+    )
+    assert "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90" in listed.stdout, listed.stdout
 print(len(scripts), "scripts from", lua_dir())
+"""
+
+# Typed code of a user: their mypy must read gridmem's annotations (py.typed).
+USER_CODE = """
+from worker import AsyncConversationStore, AvatarMessage, ConversationStore, Receipt
+
+
+def remember(store: ConversationStore, uuid: str) -> Receipt:
+    return store.record(uuid, "im", AvatarMessage(text="hello"))
+
+
+async def remember_async(store: AsyncConversationStore, uuid: str) -> Receipt:
+    return await store.record(uuid, "im", AvatarMessage(text="hello"))
 """
 
 
@@ -48,6 +73,10 @@ def test_wheel_carries_lua_and_works_from_a_fresh_venv() -> None:
         names = set(zipfile.ZipFile(wheel).namelist())
         for name in (*SCRIPT_NAMES, "lib"):
             assert f"worker/lua/{name}.lua" in names
+        assert "worker/py.typed" in names
+        assert {"worker/bin/gridmem-cli", "worker/bin/gridmem-cli-format"} <= names
+        [license_file] = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert b"MIT License" in zipfile.ZipFile(wheel).read(license_file)
 
         venv = work / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -67,5 +96,65 @@ def test_wheel_carries_lua_and_works_from_a_fresh_venv() -> None:
             env=env,
         )
         assert f"{len(SCRIPT_NAMES)} scripts from {venv}" in out.stdout
+        (work / "user.py").write_text(USER_CODE)
+        typed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mypy",
+                "--strict",
+                "--no-incremental",
+                "--python-executable",
+                str(python),
+                "user.py",
+            ],
+            check=False,  # its output says why
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env=env,
+        )
+        assert typed.returncode == 0, (
+            typed.stdout
+        )  # without py.typed: "missing ... py.typed marker"
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_license_is_mit_by_gridmem_developers() -> None:
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    with (ROOT / "pyproject.toml").open("rb") as project:
+        meta = tomllib.load(project)["project"]
+    assert meta["license"] == "MIT" and text.startswith("MIT License")
+    assert re.search(r"^Copyright \(c\) \d{4} gridmem developers$", text, re.M)
+
+
+def test_the_sdist_names_only_what_exists() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as project:
+        include = tomllib.load(project)["tool"]["hatch"]["build"]["targets"]["sdist"]["include"]
+    assert [name for name in include if not (ROOT / name).exists()] == []
+
+
+def test_python_versions_are_declared() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as project:
+        meta = tomllib.load(project)["project"]
+    declared = {c.rsplit(" :: ", 1)[1] for c in meta["classifiers"] if re.search(r"3\.\d+$", c)}
+    assert declared == {"3.11", "3.12", "3.13"} and meta["requires-python"] == ">=3.11"
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.name)
+def test_docs_cite_no_file_outside_the_repository(doc: Path) -> None:
+    """A reader of a clone has the repository only: no ../shared, /work/..., DESIGN.md."""
+    text = doc.read_text(encoding="utf-8")
+    assert (
+        re.findall(r"\.\./shared|\bshared/|DESIGN(?:\.md)?\b|(?<![\w:/])/(?:work|home|root)/", text)
+        == []
+    )
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue  # a URL or an anchor
+        path = (doc.parent / target.split("#")[0]).resolve()
+        assert path.is_relative_to(ROOT) and path.exists(), target

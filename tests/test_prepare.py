@@ -32,6 +32,8 @@ from worker.prepare import (
 )
 from worker.redaction import DEFAULT_REDACTOR, Redactor, Rule, redact
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 
 

@@ -22,6 +22,8 @@ from worker.errors import BadScriptArgument
 from worker.scripts import load_scripts
 from worker.store import translate
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 SCRIPTS = load_scripts()
 MINUTE_MS = 60_000  # docs/operations.md: a writing store publishes again each minute
 

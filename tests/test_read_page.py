@@ -17,6 +17,8 @@ from worker import (
     ToolSummary,
 )
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 
 

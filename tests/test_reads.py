@@ -30,6 +30,8 @@ from worker.reads import check_clock, clock_fields, context_read, is_live, live_
 from worker.records import CHANNEL_TTL_MS, Channel
 from worker.scripts import ClockReading, lua_dir
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 TTL = CHANNEL_TTL_MS[Channel.PUBLIC]
 KEYSPACE = KeySpace()

@@ -48,6 +48,8 @@ from worker import (
 )
 from worker.redaction import RULES, Redactor, redact
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 UUID_EXAMPLE = "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90"
 

@@ -24,6 +24,8 @@ from worker.redaction import (
     redact,
 )
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 SECRET = "q8ZxW2rT9vB4nM1kLp0a"  # 20 random characters: no rule's own word
 UUID = "3f265554-a648-433a-ae08-c3efa0a71353"
 HEX = UUID.replace("-", "")
@@ -447,10 +449,11 @@ def test_a_tool_named_like_a_secret_loses_its_bare_value(
 ) -> None:
     """A tool summary that is the bare value of a secret-named tool: nothing of it in
     Redis (fakeredis and the real servers), and plain words under such a tool stay."""
+    from tests.doors import BlockingDoor
     from tests.helpers import avatar, dump_all
     from worker import ConversationStore, ToolSummary
 
-    assert isinstance(store, ConversationStore)
+    assert isinstance(store, ConversationStore | BlockingDoor)  # either door
     who = avatar(7)
     receipt = store.record(who, "im", ToolSummary(tool=tool, summary=SECRET))
     assert receipt.redactions == 1 and SECRET not in dump_all(redis)
@@ -637,10 +640,11 @@ def test_round3_secret_tool_and_action_names(
 ) -> None:
     """Tool summaries and action details under a secret name: nothing of the value in
     Redis (fakeredis and real servers); honest words stay."""
+    from tests.doors import BlockingDoor
     from tests.helpers import avatar, dump_all
     from worker import ActionResult, ConversationStore, ToolSummary
 
-    assert isinstance(store, ConversationStore)
+    assert isinstance(store, ConversationStore | BlockingDoor)  # either door
     who = avatar(8)
     secret = (
         summary.split('"')[-2]

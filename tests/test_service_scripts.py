@@ -13,6 +13,8 @@ from worker.keys import KeySpace
 from worker.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
 from worker.store import ConversationStore
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 SCRIPTS = Scripts(load_scripts())
 SERVICE = KeySpace().service()
 A, B = avatar(1), avatar(2)

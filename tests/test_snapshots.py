@@ -35,6 +35,8 @@ from worker import (
 )
 from worker.snapshots import HEADER_SIZE, Header, SnapshotError, parse_header
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A, B = avatar(1), avatar(2)
 MINUTE = 60_000
 
@@ -45,9 +47,11 @@ def snapdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make(redis: Any, clock: ManualClock, snapdir: Path) -> Callable[..., ConversationStore]:
+def make(
+    make_store: Callable[..., ConversationStore], snapdir: Path
+) -> Callable[..., ConversationStore]:
     def build(config: ConversationConfig | None = None, **kwargs: Any) -> ConversationStore:
-        return ConversationStore(redis, config, clock=clock, snapshot_dir=snapdir, **kwargs)
+        return make_store(config, snapshot_dir=snapdir, **kwargs)
 
     return build
 

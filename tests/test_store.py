@@ -12,7 +12,7 @@ import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import short_tempdir
+from tests.conftest import CommandCounter, short_tempdir
 from tests.helpers import avatar
 from worker import (
     AvatarMessage,
@@ -29,6 +29,8 @@ from worker.embedded import EmbeddedServerError, SharedValkey, keeper_running
 from worker.errors import BadScriptArgument
 from worker.prepare import TRUNCATION_MARKER
 from worker.scripts import ScriptCall
+
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
 A = avatar(1)
 
@@ -48,29 +50,20 @@ def test_text_over_limit_is_stored_truncated(make_store: Any) -> None:
     assert len(texts[1].encode()) <= 40 and texts[2] == "ü" * 25
 
 
-def counting_commands(redis: Any) -> list[str]:
-    """The command names the client sends from now on."""
-    calls: list[str] = []
-    original = redis.execute_command
+def test_script_error_is_mapped_and_not_retried(
+    store: ConversationStore, command_counter: CommandCounter
+) -> None:
+    def sent() -> list[str]:
+        return [c for c in command_counter.commands if c != "<connection>"]
 
-    def counting(*args: Any, **kw: Any) -> Any:
-        calls.append(args[0])
-        return original(*args, **kw)
-
-    redis.execute_command = counting
-    return calls
-
-
-def test_script_error_is_mapped_and_not_retried(store: ConversationStore, redis: Any) -> None:
-    calls = counting_commands(redis)
     bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
         store._run(bad)
-    assert calls == ["FCALL", "FUNCTION", "FCALL"]  # a new server: the library is loaded once
-    calls.clear()
+    assert sent() == ["FCALL", "FUNCTION", "FCALL"]  # a new server: the library is loaded once
+    command_counter.commands.clear()
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
         store._run(bad)
-    assert calls == ["FCALL"]
+    assert sent() == ["FCALL"]
 
 
 def test_a_refused_call_leaves_no_state_for_the_next(store: ConversationStore) -> None:

@@ -24,6 +24,8 @@ from worker import (
 )
 from worker.store import AsyncConversationStore
 
+pytestmark = pytest.mark.both_doors  # every store test, through both doors
+
 A = avatar(1)
 MSG = AvatarMessage(text="hi")
 

@@ -29,13 +29,14 @@ from worker.records import (
     TurnView,
 )
 from worker.snapshots import RestoreReport, SnapshotError, SnapshotInfo
-from worker.store import ConversationStore, connect
+from worker.store import AsyncConversationStore, ConversationStore, connect, connect_async
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActionResult",
     "AgentReply",
+    "AsyncConversationStore",
     "AvatarMessage",
     "Channel",
     "Clock",
@@ -68,4 +69,5 @@ __all__ = [
     "TurnView",
     "__version__",
     "connect",
+    "connect_async",
 ]

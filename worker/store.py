@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
@@ -482,8 +482,9 @@ class AsyncConversationStore:
 
     It drives the very same operations (worker/operations.py) as
     ConversationStore: keys, scripts, validation, redaction, encoding and
-    decoding exist once. Snapshots are taken with the blocking store (the
-    supervisor does), since they are file work.
+    decoding exist once. Snapshots (`flush`, `restore`) are file work: they run
+    ConversationStore's own code in a worker thread, its Redis calls on this
+    store's event loop.
     """
 
     def __init__(
@@ -492,12 +493,15 @@ class AsyncConversationStore:
         config: ConversationConfig | None = None,
         *,
         clock: Clock | None = None,
+        snapshot_dir: str | Path | None = None,
     ) -> None:
         self.redis = redis_client
         self.config = config or ConversationConfig()
         self.clock: Clock = clock or SystemClock()
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
         self._ops = Operations(self.config, self.clock)
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
+        self._files = _LoopDrivenFiles(self)
         self._shared: SharedValkey | None = None  # from_config's private server
 
     @classmethod
@@ -507,10 +511,15 @@ class AsyncConversationStore:
         """As ConversationStore.from_config (the private server shared, a new one
         restored from the newest snapshot); leave it with `aclose()` or `async with`.
         It blocks while a server starts (well under a second): call it at start-up."""
-        if settings.redis.url is not None:
-            return cls(connect_async(settings.redis.url), settings.conversation, clock=clock)
-        shared = attach_private(settings, clock)
-        store = cls(connect_async(shared.url), settings.conversation, clock=clock)
+        snapshot_dir = None
+        if settings.conversation.persistence_enabled:
+            snapshot_dir = _snapshot_dir(settings)
+        shared = attach_private(settings, clock) if settings.redis.url is None else None
+        url = shared.url if shared is not None else settings.redis.url
+        assert url is not None
+        store = cls(
+            connect_async(url), settings.conversation, clock=clock, snapshot_dir=snapshot_dir
+        )
         store._shared = shared
         return store
 
@@ -578,6 +587,23 @@ class AsyncConversationStore:
 
     async def stats(self) -> StoreStats:
         return await self._drive(self._ops.stats())
+
+    async def publish_limits(self) -> None:
+        """Publish layout and limits for bin/gridmem-cli (also done before a first write)."""
+        await self._drive(self._ops.publish_limits())
+
+    @property
+    def snapshots(self) -> SnapshotDirectory | None:
+        """The snapshot directory; None when persistence is off (no snapshot_dir)."""
+        return self._files.snapshots
+
+    async def flush(self) -> SnapshotInfo | None:
+        """As ConversationStore.flush: a new snapshot generation; None when persistence is off."""
+        return await self._files.in_thread(ConversationStore.flush)
+
+    async def restore(self) -> RestoreReport:
+        """As ConversationStore.restore: the newest valid generation, once. Never raises."""
+        return await self._files.in_thread(ConversationStore.restore)
 
     @property
     def scripts(self) -> Scripts:
@@ -686,6 +712,38 @@ class AsyncConversationStore:
                 if not is_library_present(load_error):
                     raise
             return await self._command(*command)
+
+
+class _LoopDrivenFiles(ConversationStore):
+    """ConversationStore's snapshot code for AsyncConversationStore, written once.
+
+    Its methods run in a worker thread (file reads, writes and fsyncs would stall
+    the event loop); each operation they drive is handed back to the async
+    store's loop, which is free meanwhile: it is awaiting the thread.
+    """
+
+    def __init__(self, door: AsyncConversationStore) -> None:  # no client of its own
+        self.config = door.config
+        self.clock = door.clock
+        self.snapshot_dir = door.snapshot_dir
+        self._ops = door._ops
+        self.snapshots = None
+        if door.snapshot_dir is not None:
+            self.snapshots = SnapshotDirectory(
+                door.snapshot_dir, door.config.limits, DEFAULT_REDACTOR
+            )
+        self._permissions_reported = False
+        self._embedded = None
+        self._door = door
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def in_thread(self, method: Callable[[ConversationStore], T]) -> T:
+        self._loop = asyncio.get_running_loop()
+        return await asyncio.to_thread(method, self)
+
+    def _drive(self, op: Op[T]) -> T:
+        assert self._loop is not None, "only called from in_thread"
+        return asyncio.run_coroutine_threadsafe(self._door._drive(op), self._loop).result()
 
 
 class _Done(NamedTuple):
