@@ -229,7 +229,11 @@ class ConversationStore:
         return self._drive(self._ops.end_session(avatar_uuid, channel, ReasonCode.EXPIRED_OPERATOR))
 
     def sweep(self, limit: int = 1000) -> int:
-        """Expire up to `limit` idle sessions, in bounded batches. Returns how many."""
+        """Expire up to `limit` idle sessions, in bounded batches. Returns how many.
+
+        Every record() already expires a few idle sessions of its shard; call this
+        on a timer to free memory when writes stop or are rare (`gridmem serve`
+        does, every sweep_interval_seconds)."""
         return self._drive(self._ops.sweep(limit))
 
     def events(self, after: str | None = None, count: int = 100) -> list[Event]:
