@@ -142,6 +142,25 @@ def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValk
     return shared
 
 
+class _Target(NamedTuple):
+    """Where from_config connects: the URL, the private server it attached to (None
+    with a Redis URL) and the snapshot directory (None with persistence off)."""
+
+    url: str
+    shared: SharedValkey | None
+    snapshot_dir: Path | None
+
+
+def _target(settings: Settings, clock: Clock | None) -> _Target:
+    """What both doors' from_config connect to, so the two cannot drift."""
+    persistence = settings.conversation.persistence_enabled
+    snapshot_dir = _snapshot_dir(settings) if persistence else None
+    if settings.redis.url is not None:
+        return _Target(settings.redis.url, None, snapshot_dir)
+    shared = attach_private(settings, clock)
+    return _Target(shared.url, shared, snapshot_dir)
+
+
 class ConversationStore:
     """Bounded, isolated conversation memory over one Redis-compatible server.
 
@@ -179,14 +198,14 @@ class ConversationStore:
         storage_path, shared with every local process of that storage_path (started
         if none runs; it stops when the last of them closes or exits). Close the
         store (or use it in a `with` block) to leave it."""
-        snapshot_dir = None
-        if settings.conversation.persistence_enabled:
-            snapshot_dir = _snapshot_dir(settings)
-        shared = attach_private(settings, clock) if settings.redis.url is None else None
-        url = shared.url if shared is not None else settings.redis.url
-        assert url is not None
-        store = cls(connect(url), settings.conversation, clock=clock, snapshot_dir=snapshot_dir)
-        store._shared = shared
+        target = _target(settings, clock)
+        store = cls(
+            connect(target.url),
+            settings.conversation,
+            clock=clock,
+            snapshot_dir=target.snapshot_dir,
+        )
+        store._shared = target.shared
         return store
 
     # -- the API (DESIGN section 9) -------------------------------------------------
@@ -515,16 +534,14 @@ class AsyncConversationStore:
         """As ConversationStore.from_config (the private server shared, a new one
         restored from the newest snapshot); leave it with `aclose()` or `async with`.
         It blocks while a server starts (well under a second): call it at start-up."""
-        snapshot_dir = None
-        if settings.conversation.persistence_enabled:
-            snapshot_dir = _snapshot_dir(settings)
-        shared = attach_private(settings, clock) if settings.redis.url is None else None
-        url = shared.url if shared is not None else settings.redis.url
-        assert url is not None
+        target = _target(settings, clock)
         store = cls(
-            connect_async(url), settings.conversation, clock=clock, snapshot_dir=snapshot_dir
+            connect_async(target.url),
+            settings.conversation,
+            clock=clock,
+            snapshot_dir=target.snapshot_dir,
         )
-        store._shared = shared
+        store._shared = target.shared
         return store
 
     async def record(
