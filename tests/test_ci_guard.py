@@ -66,6 +66,8 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
         "".join(f"{name} = {count}\n" for name, count in expected.items())
     )
     monkeypatch.setenv("CI", "true")
+    # the outer run may be one of .ci/run's subset runs: the inner one is not, unless a test says so
+    monkeypatch.delenv("CI_SUBSET", raising=False)
     return pytester
 
 
