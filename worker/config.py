@@ -335,6 +335,15 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
+    @field_validator("storage_path", mode="before")
+    @classmethod
+    def _not_blank(cls, value: Any) -> Any:
+        # "" is Path("."): an empty GRIDMEM_STORAGE_PATH (a variable set from an unset
+        # one) quietly made the working directory the store, lock files and all
+        if isinstance(value, str) and not value.strip():
+            raise ValueError('must name a directory (write "." for the working directory)')
+        return value
+
     @field_validator("storage_path")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
