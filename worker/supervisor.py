@@ -311,12 +311,12 @@ class Supervisor:
                 process.join()
         backlog = 0
         if self.store is not None:
-            backlog = self._backlog()
             # Even on a second signal: an impatient Ctrl-C Ctrl-C must not cost the
             # conversations since the last snapshot. The flush is one pass over the
             # live sessions; the workers, the slow part, are already gone.
             if self.settings.conversation.persistence_enabled:
                 self._maintain("flush")
+            backlog = self._backlog()  # last, so posts during the flush count too
             self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
