@@ -439,6 +439,28 @@ def test_demo_numeric_flags_say_what_is_wrong(
     assert done.value.code == 2 and said in err and "_positive" not in err, err
 
 
+@pytest.mark.parametrize(
+    ("residents", "said"),
+    [
+        ("99999999999999", "must be at most 5000, got '99999999999999'"),
+        ("\u0661\u0660", "must be a positive whole number, got '\u0661\u0660'"),
+    ],
+)
+def test_demo_residents_out_of_reach_are_refused_before_anything_runs(
+    residents: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (issue 13, found by trying it): `gridmem demo --residents 99999999999999`
+    (a few zeros too many) was taken as asked and filled the memory building residents
+    before the first message; Arabic-Indic digits were read as a number. The parser is
+    asked alone, so the old code's demo never starts here."""
+    from worker.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["demo", "--residents", residents])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and f"argument --residents: {said}" in err, err
+
+
 # -- the table itself, for the kinds the processes above do not meet ---------------------------
 
 
