@@ -208,7 +208,19 @@ def test_redis_urls_redis_py_takes_are_accepted(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "base_url", ["not a url", "localhost:11434/v1", "ftp://h/v1", "http://", "https://h:notaport"]
+    "base_url",
+    [
+        "not a url",
+        "localhost:11434/v1",
+        "ftp://h/v1",
+        "http://",
+        "https://h:notaport",
+        # found by trying it: accepted, then every message failed (the client quotes them)
+        " https://api.openai.com/v1",
+        "http://127.0.0.1:11434/v1 ",
+        "http://exa mple.com/v1",
+        "http://h/v1\\t",
+    ],
 )
 def test_an_llm_base_url_that_is_not_http_is_refused_at_start(base_url: str, fresh: Path) -> None:
     """Regression (issue 13 item 13): `[llm] base_url = "not a url"` was accepted and

@@ -257,6 +257,11 @@ def _http_url(url: str | None) -> str | None:
     one at a time, instead of the start."""
     if url is None:
         return None
+    if any(c.isspace() or not c.isprintable() for c in url):
+        # urlsplit drops a leading space and keeps the rest, but the HTTP client
+        # quotes it: " https://h/v1" became a relative URL, "http://h/v1 " a wrong
+        # path, each failing per message
+        raise ValueError("has a space or control character in it (a copy-paste slip?)")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (reading it validates it)
