@@ -126,6 +126,19 @@ CASES: dict[str, Case] = {
         1,
         ["redis://:***@127.0.0.1:1/0 ($GRIDMEM_REDIS__URL)"],
     ),
+    # found by trying it: the password in the query, straight after the host, was printed
+    "cli-query-password": Case(
+        [str(CLI), "-u", f"redis://127.0.0.1:1?password={SECRET}", "stats"],
+        {},
+        1,
+        ["cannot use the server at redis://127.0.0.1:1 (--url)"],
+    ),
+    "serve-query-password": Case(
+        [*GRIDMEM, "serve"],
+        {"GRIDMEM_REDIS__URL": f"redis://:{SECRET}@127.0.0.1:1?password={SECRET}"},
+        1,
+        ["cannot reach Redis at redis://:***@127.0.0.1:1 (redis.url"],
+    ),
     "cli-http-url": Case(
         [str(CLI), "-u", HTTP, "stats"], {}, 2, ["--url", "unsupported URL scheme 'http'"]
     ),
@@ -253,6 +266,11 @@ def test_urls_in_log_lines_carry_no_password_or_query() -> None:
     assert redacted_url(f"https://h/v1?api-key={SECRET}") == "https://h/v1"
     assert redacted_url(f"unix://:{SECRET}@/tmp/x.sock") == "unix://:***@/tmp/x.sock"
     assert redacted_url("unix:///tmp/x.sock") == "unix:///tmp/x.sock"
+    # found by trying it: a query straight after the host, or both at once, was printed
+    assert redacted_url(f"redis://h:6379?password={SECRET}") == "redis://h:6379"
+    assert redacted_url(f"redis://:{SECRET}@h:1?password={SECRET}") == "redis://:***@h:1"
+    assert redacted_url(f"redis://:{SECRET}/x@h:1/0") == "redis://:***@h:1/0"  # unencoded /
+    assert redacted_url(f"https://h/v1#{SECRET}") == "https://h/v1"
 
 
 # -- item 12: GRIDMEM_* variables that set nothing --------------------------------------------
