@@ -126,6 +126,19 @@ CASES: dict[str, Case] = {
         1,
         ["redis://:***@127.0.0.1:1/0 ($GRIDMEM_REDIS__URL)"],
     ),
+    # found by trying it: the password in the query, straight after the host, was printed
+    "cli-query-password": Case(
+        [str(CLI), "-u", f"redis://127.0.0.1:1?password={SECRET}", "stats"],
+        {},
+        1,
+        ["cannot use the server at redis://127.0.0.1:1 (--url)"],
+    ),
+    "serve-query-password": Case(
+        [*GRIDMEM, "serve"],
+        {"GRIDMEM_REDIS__URL": f"redis://:{SECRET}@127.0.0.1:1?password={SECRET}"},
+        1,
+        ["cannot reach Redis at redis://:***@127.0.0.1:1 (redis.url"],
+    ),
     "cli-http-url": Case(
         [str(CLI), "-u", HTTP, "stats"], {}, 2, ["--url", "unsupported URL scheme 'http'"]
     ),
@@ -208,7 +221,19 @@ def test_redis_urls_redis_py_takes_are_accepted(url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "base_url", ["not a url", "localhost:11434/v1", "ftp://h/v1", "http://", "https://h:notaport"]
+    "base_url",
+    [
+        "not a url",
+        "localhost:11434/v1",
+        "ftp://h/v1",
+        "http://",
+        "https://h:notaport",
+        # found by trying it: accepted, then every message failed (the client quotes them)
+        " https://api.openai.com/v1",
+        "http://127.0.0.1:11434/v1 ",
+        "http://exa mple.com/v1",
+        "http://h/v1\\t",
+    ],
 )
 def test_an_llm_base_url_that_is_not_http_is_refused_at_start(base_url: str, fresh: Path) -> None:
     """Regression (issue 13 item 13): `[llm] base_url = "not a url"` was accepted and
@@ -241,6 +266,11 @@ def test_urls_in_log_lines_carry_no_password_or_query() -> None:
     assert redacted_url(f"https://h/v1?api-key={SECRET}") == "https://h/v1"
     assert redacted_url(f"unix://:{SECRET}@/tmp/x.sock") == "unix://:***@/tmp/x.sock"
     assert redacted_url("unix:///tmp/x.sock") == "unix:///tmp/x.sock"
+    # found by trying it: a query straight after the host, or both at once, was printed
+    assert redacted_url(f"redis://h:6379?password={SECRET}") == "redis://h:6379"
+    assert redacted_url(f"redis://:{SECRET}@h:1?password={SECRET}") == "redis://:***@h:1"
+    assert redacted_url(f"redis://:{SECRET}/x@h:1/0") == "redis://:***@h:1/0"  # unencoded /
+    assert redacted_url(f"https://h/v1#{SECRET}") == "https://h/v1"
 
 
 # -- item 12: GRIDMEM_* variables that set nothing --------------------------------------------
@@ -437,6 +467,28 @@ def test_demo_numeric_flags_say_what_is_wrong(
         main(["demo", *args])
     err = capsys.readouterr().err
     assert done.value.code == 2 and said in err and "_positive" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("residents", "said"),
+    [
+        ("99999999999999", "must be at most 5000, got '99999999999999'"),
+        ("\u0661\u0660", "must be a positive whole number, got '\u0661\u0660'"),
+    ],
+)
+def test_demo_residents_out_of_reach_are_refused_before_anything_runs(
+    residents: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (issue 13, found by trying it): `gridmem demo --residents 99999999999999`
+    (a few zeros too many) was taken as asked and filled the memory building residents
+    before the first message; Arabic-Indic digits were read as a number. The parser is
+    asked alone, so the old code's demo never starts here."""
+    from worker.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["demo", "--residents", residents])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and f"argument --residents: {said}" in err, err
 
 
 # -- the table itself, for the kinds the processes above do not meet ---------------------------

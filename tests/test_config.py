@@ -263,3 +263,23 @@ def test_a_relative_storage_path_is_made_absolute_against_the_working_directory(
     # Then the path is tmp_path's, absolute (not the config file's folder, not the new cwd)
     expected = tmp_path / ("gridmem-data" if source == "default" else "data/here")
     assert settings.storage_path == expected and settings.storage_path.is_absolute()
+
+
+@pytest.mark.parametrize("source", ["file", "environment"])
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_storage_path_is_refused_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, blank: str
+) -> None:
+    """Regression (issue 13, found by trying it): `storage_path = ""`, or an empty
+    GRIDMEM_STORAGE_PATH (set from a variable that was not), was read as ".": the
+    working directory became the store, its serve.lock, valkey/ and snapshots strewn
+    in it. Now it is a configuration error naming the field."""
+    # Given a blank storage_path in the file or the environment
+    config = tmp_path / "gridmem.toml"
+    config.write_text(f'storage_path = "{blank}"\n' if source == "file" else "")
+    if source == "environment":
+        monkeypatch.setenv("GRIDMEM_STORAGE_PATH", blank)
+    monkeypatch.chdir(tmp_path)
+    # When the settings are loaded, Then they are refused, naming the field
+    with pytest.raises(ConfigError, match=r"storage_path.*must name a directory"):
+        Settings.load(config)

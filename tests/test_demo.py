@@ -232,3 +232,29 @@ def test_demo_into_a_pipe_writes_no_carriage_return_or_escape_code() -> None:
         assert re.search(rf"^  {label}\s+(\d+)/\1 \d+:\d\d:\d\d$", text, re.M), text
     assert_report_adds_up(text)
     assert report_rows(text)["verdict"] == "PASS"
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("residents", "seed"),
+    [(1, 7), (1, 0), (2, 1)],  # seed 7 (the CLI's): public and IM; 0: IM only; 1: two on IM
+)
+def test_a_tiny_demo_runs_and_passes(residents: int, seed: int) -> None:
+    """Regression (issue 13, found by trying it): `gridmem demo --residents 1` ended in a
+    traceback (the idle residents were drawn as a sample of two out of one), and a run
+    whose residents all talk on IM failed its own verdict ("idle public sessions were
+    not renewed"), though there was no public session to renew."""
+    code = (
+        "import sys\n"
+        "from worker.demo import run_demo\n"
+        f"r = run_demo(residents={residents}, processes=1, seed={seed}, speed=600)\n"
+        "sys.exit(1 if r.failures else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=300, check=False
+    )
+    said = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in said, said
+    assert_report_adds_up(done.stdout.decode())
+    assert report_rows(done.stdout.decode())["verdict"] == "PASS", said

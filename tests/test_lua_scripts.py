@@ -358,6 +358,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),
         "read_inbound": s.read_inbound(SERVICE, entry_id="1-0"),
+        "read_backlog": s.read_backlog(SERVICE),
         "dead_letter": s.dead_letter(SERVICE, entry_id="1-0", reason="gone", max_entries=1),
         "publish_reply": s.publish_reply(
             SERVICE, avatar_uuid=A, channel="im", text_="t", in_reply_to="1-0", session_id=SID,

@@ -236,6 +236,35 @@ def test_ctrl_c_with_messages_in_flight_answers_each_exactly_once_across_a_resta
     _until(lambda: not _servers(empty), "no server or keeper left")
 
 
+def test_ctrl_c_with_no_other_user_says_how_many_messages_end_unanswered(empty: Path) -> None:
+    """Regression (issue 13, found by trying it): with no library user attached (a
+    bridge over plain redis-py, as examples/bridge.py is), Ctrl-C stopped the private
+    Valkey, and with it every inbound message still waiting, without a word: the log
+    said a clean stop, the restart had the sessions back and 272 of 405 messages
+    were never answered. The private server keeps the streams in memory only; the
+    stop now says how many messages it leaves unanswered."""
+    slow = {"GRIDMEM_LLM__BASE_URL": "", "GRIDMEM_WORKER__CONCURRENCY": "1"}
+    with LocalChatServer(delay_seconds=1.0) as llm:
+        slow["GRIDMEM_LLM__BASE_URL"] = llm.url
+        # Given the service alone on its private server, ten messages waiting
+        process, client = _serve(empty, **slow)
+        try:
+            for n in range(10):
+                client.xadd(
+                    "gm:inbound", {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+                )
+            _until(lambda: len(llm.requests) >= 1, "a message in a worker's hand")
+        finally:
+            # When Ctrl-C reaches the whole process group
+            out = _ctrl_c(process)
+            client.close()
+    # Then the stop says how many it leaves unanswered: those the model never saw
+    asked = len(llm.requests)  # each one in hand is finished (and answered) first
+    assert "private Valkey stopped" in out, out
+    assert f"WARNING {10 - asked} inbound messages were not answered and are lost" in out, out
+    _until(lambda: not _servers(empty), "no server or keeper left")
+
+
 def _replies(client: redis_py.Redis) -> list[dict[str, str]]:
     """The outbound stream's entries (the client decodes responses)."""
     entries: Any = client.xrange("gm:outbound")

@@ -281,6 +281,13 @@ def test_read_inbound_dead_letter_publish(run: Any, redis: redis_py.Redis) -> No
     }
 
 
+def test_read_backlog_counts_the_entries_not_answered_yet(run: Any, redis: redis_py.Redis) -> None:
+    assert run(SCRIPTS.read_backlog(SERVICE)) == 0  # no stream yet
+    entries = [_add(redis, avatar_uuid=A, channel="im", text=f"hi {n}") for n in range(3)]
+    redis.xdel(SERVICE.inbound, entries[0])  # answered: deleted by finish_entry
+    assert run(SCRIPTS.read_backlog(SERVICE)) == 2
+
+
 def test_read_inbound_returns_undecodable_bytes_as_they_are(
     run: Any, redis: redis_py.Redis
 ) -> None:

@@ -209,3 +209,40 @@ def test_a_library_user_killed_alone_leaves_no_server(empty: Path) -> None:
     assert _valkeys(empty)
     user.kill()  # SIGKILL
     _until(lambda: not _servers(empty), "the server to stop after its only user died")
+
+
+def test_a_closed_store_refuses_calls_while_the_server_runs_for_others(empty: Path) -> None:
+    """Regression (issue 13, found by trying it): a store used after its `with` block
+    (or close()) went on working while another user kept the private server up,
+    though it no longer counted as a user; once the others left, the server stopped
+    under it and its next call failed as `ConnectionError: Error 2 connecting to
+    .../valkey.sock`. Now a closed store refuses every call, on both doors, before
+    a command is sent, like a closed file."""
+    from worker.errors import GridmemError, StoreClosed
+
+    settings = Settings(storage_path=empty / "gridmem-data")
+    # Given another user keeping the server up, and a store that was used and closed
+    with ConversationStore.from_config(settings) as other:
+        with ConversationStore.from_config(settings) as store:
+            store.record(avatar(1), "im", AvatarMessage(text="inside"))
+        # When it is used after its with block, Then it refuses (a GridmemError too)
+        for call in (
+            lambda: store.record(avatar(1), "im", AvatarMessage(text="after")),
+            lambda: store.context(avatar(1), "im"),
+        ):
+            with pytest.raises(StoreClosed, match="closed"):
+                call()
+        assert issubclass(StoreClosed, GridmemError)
+        store.close()  # closing again does nothing
+        # And nothing it was asked after close reached the server
+        assert [m.content for m in other.context(avatar(1), "im")] == ["inside"]
+
+        async def async_door() -> None:
+            door = AsyncConversationStore.from_config(settings)
+            await door.aclose()
+            with pytest.raises(StoreClosed):
+                await door.record(avatar(2), "im", AvatarMessage(text="after"))
+
+        asyncio.run(async_door())
+        assert other.list_metadata().items[0].avatar_uuid == avatar(1)
+    _until(lambda: not _servers(empty), "no server or keeper left")

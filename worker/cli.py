@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 CONFIG_EXIT = 2
 FAULT_EXIT = 1
+# The demo runs on the default limits: a resident opens at most two sessions (one per
+# channel), so this many fit max_active_sessions (10,000) with no eviction. A typo with
+# extra zeros used to be taken as asked, and filled the memory before the first message.
+DEMO_MAX_RESIDENTS = 5_000
 
 
 def _whole(least: int | None = None, most: int | None = None) -> Callable[[str], int]:
@@ -35,7 +39,11 @@ def _whole(least: int | None = None, most: int | None = None) -> Callable[[str],
 
     def parse(text: str) -> int:
         try:
-            value = int(text.strip(), 10)
+            digits = text.strip()
+            # ASCII digits only, as everywhere else (int() reads Arabic-Indic digits too)
+            if not digits.removeprefix("-").isascii():
+                raise ValueError(text)
+            value = int(digits, 10)
         except ValueError:
             what = "a positive whole number" if least == 1 else "a whole number"
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
@@ -78,7 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         "idle past the TTL on a fast clock). Prints turns, latency, sessions and bytes against "
         "limits, events, redactions and isolation/secret checks; exits 1 if a check fails.",
     )
-    demo.add_argument("--residents", type=_whole(least=1), default=1500, help="default: 1500")
+    demo.add_argument(
+        "--residents",
+        type=_whole(least=1, most=DEMO_MAX_RESIDENTS),
+        default=1500,
+        help=f"1 to {DEMO_MAX_RESIDENTS} (default: 1500)",
+    )
     demo.add_argument(
         "--processes",
         type=_whole(least=1, most=64),  # WorkerSettings.processes' bound

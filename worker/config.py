@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -252,21 +253,29 @@ class RedisSettings(BaseModel):
     _url_scheme = field_validator("url")(_redis_url)
 
 
+_HTTP_URL_SHAPE = (
+    "must be an http:// or https:// URL with a host, "
+    "such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1"
+)
+
+
 def _http_url(url: str | None) -> str | None:
     """An endpoint the HTTP client can POST to: a typo here used to fail every message,
     one at a time, instead of the start."""
     if url is None:
         return None
+    if any(c.isspace() or not c.isprintable() for c in url):
+        # urlsplit drops a leading space and keeps the rest, but the HTTP client
+        # quotes it: " https://h/v1" became a relative URL, "http://h/v1 " a wrong
+        # path, each failing per message
+        raise ValueError(f"has a space or control character in it; {_HTTP_URL_SHAPE}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (reading it validates it)
     except ValueError as exc:
         raise ValueError(f"is not a valid URL ({exc})") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            "must be an http:// or https:// URL with a host, "
-            "such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1"
-        )
+        raise ValueError(_HTTP_URL_SHAPE)
     return url
 
 
@@ -334,6 +343,15 @@ class Settings(BaseSettings):
     llm: LlmSettings = Field(default_factory=LlmSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @field_validator("storage_path", mode="before")
+    @classmethod
+    def _not_blank(cls, value: Any) -> Any:
+        # "" is Path("."): an empty GRIDMEM_STORAGE_PATH (a variable set from an unset
+        # one) quietly made the working directory the store, lock files and all
+        if isinstance(value, str) and not value.strip():
+            raise ValueError('must name a directory (write "." for the working directory)')
+        return value
 
     @field_validator("storage_path")
     @classmethod
@@ -462,12 +480,15 @@ def redacted_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "<not a URL>"
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        user, _, host = authority.rpartition("@")
-        name, colon, _ = user.partition(":")
-        authority = f"{name}:***@{host}" if colon else f"***@{host}"
-    return f"{scheme}://{authority}{slash}{path.split('?', 1)[0]}"
+    if "@" in rest:
+        # everything before the last @ is user info, whatever it holds: a password
+        # may carry an unencoded / ? or #, and printing too little beats a leak
+        user, _, rest = rest.rpartition("@")
+        name = user.partition(":")[0]
+        rest = (f"{name}:***@" if ":" in user and "/" not in name else "***@") + rest
+    # the query and fragment go, after a path or straight after the host
+    # (redis://h:6379?password=... is a URL redis-py reads)
+    return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}"
 
 
 def endpoints(settings: Settings, store_url: str) -> str:

@@ -41,6 +41,17 @@ class CorruptRecord(GridmemError):
     """Stored data that cannot be decoded. It is never passed on as model input."""
 
 
+class StoreClosed(GridmemError):
+    """The store was closed (like a closed file, a ValueError): build another one.
+
+    A closed store from from_config no longer counts as a user of the private server,
+    which may stop under it once the others leave; its calls used to go on quietly
+    until then, and then fail as a connection error."""
+
+    def __init__(self) -> None:
+        super().__init__("this store is closed (close() or the end of its with block)")
+
+
 class ConfigError(GridmemError):
     """A setting is invalid (for example above its hard ceiling)."""
 

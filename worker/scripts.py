@@ -56,6 +56,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "renew_lease",
     "orphaned_keys",
     "read_inbound",
+    "read_backlog",
     "dead_letter",
     "publish_reply",
 )
@@ -774,6 +775,9 @@ class Scripts:
         self, service: ServiceKeys, *, entry_id: str
     ) -> ScriptCall[list[tuple[bytes, bytes]]]:
         return self._call("read_inbound", (service.inbound,), (entry_id,), _parse_raw_fields)
+
+    def read_backlog(self, service: ServiceKeys) -> ScriptCall[int]:
+        return self._call("read_backlog", (service.inbound,), (), int)
 
     def dead_letter(
         self, service: ServiceKeys, *, entry_id: str, reason: str, max_entries: int

@@ -28,7 +28,7 @@ from redis.retry import Retry
 from worker.clock import Clock, SystemClock
 from worker.config import ConversationConfig, Settings
 from worker.embedded import SharedValkey
-from worker.errors import script_error_from_reply
+from worker.errors import StoreClosed, script_error_from_reply
 from worker.operations import Op, Operations
 from worker.reads import ReadCall
 from worker.records import (
@@ -178,6 +178,7 @@ class ConversationStore:
         snapshot_dir: str | Path | None = None,
     ) -> None:
         self.redis = redis_client
+        self._closed = False
         self.config = config or ConversationConfig()
         self.clock: Clock = clock or SystemClock()
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
@@ -320,7 +321,9 @@ class ConversationStore:
         return result
 
     def close(self) -> None:
-        """Close the client; leave the private server (the last user out stops it)."""
+        """Close the client; leave the private server (the last user out stops it).
+        Any call after this raises StoreClosed; closing again does nothing."""
+        self._closed = True
         self.redis.close()
         shared, self._shared = self._shared, None
         if shared is not None:
@@ -424,6 +427,8 @@ class ConversationStore:
             return result
 
     def _run(self, call: ScriptCall[Any] | ReadCall[Any]) -> Any:
+        if self._closed:
+            raise StoreClosed
         if isinstance(call, ReadCall):
             try:
                 replies = self._transaction(call.commands)
@@ -519,6 +524,7 @@ class AsyncConversationStore:
         snapshot_dir: str | Path | None = None,
     ) -> None:
         self.redis = redis_client
+        self._closed = False
         self.config = config or ConversationConfig()
         self.clock: Clock = clock or SystemClock()
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
@@ -645,7 +651,9 @@ class AsyncConversationStore:
         return result
 
     async def aclose(self) -> None:
-        """Close the client; leave the private server (the last user out stops it)."""
+        """Close the client; leave the private server (the last user out stops it).
+        Any call after this raises StoreClosed; closing again does nothing."""
+        self._closed = True
         await self.redis.aclose()
         shared, self._shared = self._shared, None
         if shared is not None:
@@ -681,6 +689,8 @@ class AsyncConversationStore:
             return result
 
     async def _run(self, call: ScriptCall[Any] | ReadCall[Any]) -> Any:
+        if self._closed:
+            raise StoreClosed
         if isinstance(call, ReadCall):
             try:
                 replies = await self._transaction(call.commands)

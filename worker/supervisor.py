@@ -309,23 +309,50 @@ class Supervisor:
             if process.is_alive():
                 process.kill()
                 process.join()
+        backlog = 0
         if self.store is not None:
             # Even on a second signal: an impatient Ctrl-C Ctrl-C must not cost the
             # conversations since the last snapshot. The flush is one pass over the
             # live sessions; the workers, the slow part, are already gone.
             if self.settings.conversation.persistence_enabled:
                 self._maintain("flush")
+            backlog = self._backlog()  # last, so posts during the flush count too
             self.store.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
-        self._leave_store()
+        self._leave_store(backlog)
 
-    def _leave_store(self) -> None:
+    def _backlog(self) -> int:
+        """Inbound entries not answered yet (0 when it cannot be read: the server is
+        gone already, or was never the private one, whose streams we do not keep)."""
+        assert self.store is not None
+        if self.embedded is None:
+            return 0
+        conversation = self.settings.conversation
+        service = KeySpace(conversation.namespace, conversation.shards).service()
+        try:
+            return self.store.run(self.store.scripts.read_backlog(service))
+        except Exception:  # the stop goes on; the count only feeds a warning
+            return 0
+
+    def _leave_store(self, backlog: int) -> None:
         """Last: the workers and the last snapshot needed the server. It stops once no
-        library user of this storage_path is attached either."""
+        library user of this storage_path is attached either.
+
+        The private server keeps the streams in memory only (a snapshot holds the
+        sessions): what was still waiting in gm:inbound, and the replies no bridge has
+        read from gm:outbound, end with it. Say so rather than lose them quietly."""
         if self.embedded is None or not self.embedded.attached:
             return
         if self.embedded.detach():
             log.info("private Valkey stopped")
+            if backlog:
+                log.warning(
+                    "%d inbound messages were not answered and are lost with the private "
+                    "Valkey (it keeps the streams in memory; snapshots hold the sessions). "
+                    "Keep a library user of this storage_path attached across a restart, "
+                    "or set [redis] url to a server that persists",
+                    backlog,
+                )
         elif self.embedded.socket_path.exists():
             log.info("private Valkey left running for its other users")
