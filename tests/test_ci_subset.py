@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REAL_ENGINES
 from tests.test_ci_guard import CONFTEST, REAL_ONES, SKIPPING
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +33,7 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_a=REAL_ONES, test_slow=SLOW)
     pytester.makeini("[pytest]\nmarkers =\n    real: r\n    fake: f\n    slow: s\n")
-    expected = {name: 3 if name == "valkey" else 0 for name in REAL_ENGINES}
+    expected = {name: 3 if name == "valkey" else 0 for name in ("valkey", "redis")}
     pytester.path.joinpath("real_tests.toml").write_text(
         "".join(f"{name} = {count}\n" for name, count in expected.items())
     )
