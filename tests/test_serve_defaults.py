@@ -350,6 +350,8 @@ def test_a_second_serve_in_the_same_directory_refuses_to_start(empty: Path) -> N
         assert second.returncode == 1
         said = second.stderr.decode()
         assert f"another gridmem serve (pid {process.pid}) is running" in said, said
+        # said as every other start-up failure is: one line of its own, no log record
+        assert said.splitlines() == [said.strip()] and said.startswith("gridmem serve: "), said
         # the first is untouched: still answering on its own server
         client.xadd("gm:inbound", {"avatar_uuid": avatar(1), "channel": "im", "text": "hi"})
         _until(_answered(client, 1), "the first service's answer")

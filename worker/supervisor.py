@@ -29,6 +29,7 @@ from typing import Any
 
 from worker.config import Settings, endpoints
 from worker.embedded import SharedValkey
+from worker.errors import GridmemError
 from worker.keys import KeySpace
 from worker.service import GROUP, make_clock, run_worker_process
 from worker.store import ConversationStore, connect
@@ -37,6 +38,10 @@ log = logging.getLogger("gridmem.supervisor")
 
 GRACEFUL_STOP_SECONDS = 30.0
 RESTART_BACKOFF_MAX = 30.0
+
+
+class StorageInUse(GridmemError):
+    """Another `gridmem serve` holds this storage_path: a fault at run time (exit 1)."""
 
 
 @dataclass
@@ -79,8 +84,8 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
         try:
-            if self.url is None and not self._lock_storage():
-                return 1
+            if self.url is None:
+                self._lock_storage()
             # what stops the start (an unusable storage_path, Redis not answering) is
             # raised to the caller: worker/cli.py says it in one line with an exit status
             self._start_store()
@@ -94,7 +99,7 @@ class Supervisor:
                 self._storage_lock = None
         return 0
 
-    def _lock_storage(self) -> bool:
+    def _lock_storage(self) -> None:
         """One service per storage_path when it holds the private Valkey.
 
         A second `gridmem serve` in the same directory used to start a second Valkey
@@ -114,17 +119,13 @@ class Supervisor:
         except BlockingIOError:
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
             os.close(fd)
-            log.error(
-                "another gridmem serve (pid %s) is running with storage_path %s; "
-                "stop it first, or give this one its own storage_path",
-                holder,
-                path.absolute(),
-            )
-            return False
+            raise StorageInUse(
+                f"another gridmem serve (pid {holder}) is running with storage_path "
+                f"{path.absolute()}; stop it first, or give this one its own storage_path"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._storage_lock = fd
-        return True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # act, then log: a second signal can run this handler again inside the first
