@@ -48,13 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from worker import AgentReply, AvatarMessage, ConversationConfig, ConversationStore, Limits
-from worker.context import ENTRY_CACHE
-from worker.embedded import EmbeddedValkey
-from worker.keys import KeySpace
+from gridmem import AgentReply, AvatarMessage, ConversationConfig, ConversationStore, Limits
+from gridmem.context import ENTRY_CACHE
+from gridmem.embedded import EmbeddedValkey
+from gridmem.keys import KeySpace
+from gridmem.records import Channel
+from gridmem.scripts import ClockReading, Scripts, limits_packet
 from worker.progress import step
-from worker.records import Channel
-from worker.scripts import ClockReading, Scripts, limits_packet
 
 TEXT = "hi! is the sandbox open today? I want to build a boat near the welcome area, ok?"
 REPLY = "It is open until noon: the boat shop is on the east shore, next to the ferry dock."

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker import AgentReply, AvatarMessage, ConversationStore
-from worker.embedded import EmbeddedValkey
+from gridmem import AgentReply, AvatarMessage, ConversationStore
+from gridmem.embedded import EmbeddedValkey
 from worker.progress import step
 
 BASE_RECORD = (

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker import AvatarMessage, ConversationStore
-from worker.embedded import EmbeddedValkey
-from worker.redaction import DEFAULT_REDACTOR, RULES
+from gridmem import AvatarMessage, ConversationStore
+from gridmem.embedded import EmbeddedValkey
+from gridmem.redaction import DEFAULT_REDACTOR, RULES
 
 CHAT_LINES = [
     "hi! is the sandbox open today?",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     Channel,
@@ -33,7 +33,7 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
-from worker.embedded import EmbeddedValkey
+from gridmem.embedded import EmbeddedValkey
 from worker.progress import step
 
 PRESSURE = Limits(

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
+from gridmem.config import Settings
 from tests.helpers import avatar
-from worker.config import Settings
 from worker.localllm import LocalChatServer
 from worker.progress import step
 from worker.service import GROUP

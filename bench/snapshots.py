@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     Channel,
@@ -30,7 +30,7 @@ from worker import (
     Limits,
     ToolSummary,
 )
-from worker.embedded import EmbeddedValkey
+from gridmem.embedded import EmbeddedValkey
 from worker.progress import step
 
 

@@ -1,6 +1,6 @@
 -- lib.lua: helpers shared by every gridmem script.
 -- The store runs every script as a function of one function library whose code
--- starts with this file (worker/scripts.py: FUNCTION LOAD once, then FCALL), so
+-- starts with this file (gridmem/scripts.py: FUNCTION LOAD once, then FCALL), so
 -- this file runs once per load, not once per call; bin/gridmem-cli and the Lua
 -- tests prepend it to a single script for EVAL instead. Either way everything
 -- here is local to the scripts. State that must not outlive a call (bad_field)
@@ -11,11 +11,11 @@
 -- Errors: helpers never raise; arg_* remember the first bad field and the
 -- script returns arg_error() before its first write.
 
--- Inactivity TTLs, exact (DESIGN section 4); worker/records.py CHANNEL_TTL_MS must agree.
+-- Inactivity TTLs, exact (DESIGN section 4); gridmem/records.py CHANNEL_TTL_MS must agree.
 local TTL_MS = { public = 1800000, im = 86400000 }
--- Parts of a session, in the order of worker/keys.py SESSION_PARTS.
+-- Parts of a session, in the order of gridmem/keys.py SESSION_PARTS.
 local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
--- The limits packet of record_turn, in the order of worker/scripts.py LIMIT_FIELDS.
+-- The limits packet of record_turn, in the order of gridmem/scripts.py LIMIT_FIELDS.
 local LIMIT_FIELDS = {
   'max_turns', 'low_turns', 'max_session_bytes', 'low_session_bytes', 'max_tools', 'low_tools',
   'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
@@ -80,7 +80,7 @@ end
 
 -- Common ARGV prefix of time-aware scripts: now_mono, now_wall, boot_id.
 -- A boot id names hash fields of the clock (lib.lua store_now), so it is short.
-local MAX_BOOT_ID_CHARS = 128 -- worker/reads.py check_clock must agree
+local MAX_BOOT_ID_CHARS = 128 -- gridmem/reads.py check_clock must agree
 local function arg_clock(a1, a2, a3)
   local mono = arg_int('now_mono', a1, 0)
   local wall = arg_int('now_wall', a2, 0)
@@ -124,10 +124,10 @@ end
 -- one); o:<boot> (that boot's offset), s:<boot> (that boot's latest store time).
 -- Only the MAX_CLOCK_BOOTS most recently seen boots are kept; a boot forgotten
 -- and seen again is a new boot (its offset fixed again, from the epoch).
--- worker/reads.py live_now is this rule, read-only, in Python: keep them equal.
-local MAX_CLOCK_BOOTS = 64 -- worker/clock.py MAX_CLOCK_BOOTS must agree
+-- gridmem/reads.py live_now is this rule, read-only, in Python: keep them equal.
+local MAX_CLOCK_BOOTS = 64 -- gridmem/clock.py MAX_CLOCK_BOOTS must agree
 
--- A stored clock field: a decimal integer, else nil (worker/reads.py clock_field).
+-- A stored clock field: a decimal integer, else nil (gridmem/reads.py clock_field).
 local function clock_field(v)
   if v and string.find(v, '^%-?%d+$') then return tonumber(v) end
   return nil

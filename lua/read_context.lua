@@ -1,5 +1,5 @@
 -- read_context: context()'s reads as one read-only function, for a server that is full.
--- Read-only. context() sends these reads as one MULTI/EXEC (worker/reads.py: cheaper
+-- Read-only. context() sends these reads as one MULTI/EXEC (gridmem/reads.py: cheaper
 -- than a script). A full Redis server refuses every command queued in MULTI, reads
 -- included (Valkey 8 runs them), but runs read-only functions: the store falls back
 -- to this one when the transaction is refused for memory. Its reply is EXEC's, read
@@ -10,7 +10,7 @@
 -- KEYS[4] = gm:{shard}:s:<uuid>:<ch>:summary  (string)  factual summary
 -- KEYS[5] = gm:{shard}:s:<uuid>:<ch>:turns    (zset)    transcript, score = seq
 -- ARGV[1] = member '<uuid>:<channel>' of the session
--- ARGV[2..] = the clock hash fields to read (1-8; worker/reads.py clock_fields), so
+-- ARGV[2..] = the clock hash fields to read (1-8; gridmem/reads.py clock_fields), so
 --           this read and the MULTI/EXEC one ask for the same fields
 -- Returns: {session id or nil, {clock field values, each or nil}, last activity or nil,
 --           summary or nil, {entry, ...}}

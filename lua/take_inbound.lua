@@ -9,7 +9,7 @@
 -- between this read and its dead letter. Fields are compared as bytes, never
 -- decoded, so a UUID or channel holding bytes that are not UTF-8 is just not a
 -- valid one. Both are matched in any ASCII case and filed lowercase (`IM` under
--- `<uuid>:im`, as worker/validate.py parse_channel reads it); a channel with any
+-- `<uuid>:im`, as gridmem/validate.py parse_channel reads it); a channel with any
 -- other byte (whitespace, a full-width or Cyrillic look-alike) is bad_channel.
 -- KEYS[1] = gm:inbound              (stream)  inbound entries
 -- KEYS[2] = {gm:inbound}:ready      (set)     keys with entries waiting

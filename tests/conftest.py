@@ -22,9 +22,9 @@ import pytest
 import redis as redis_py
 from hypothesis import HealthCheck, settings
 
+from gridmem import ConversationConfig, ConversationStore, ManualClock
+from gridmem.embedded import EmbeddedValkey
 from tests.doors import DOORS, AsyncDoors
-from worker import ConversationConfig, ConversationStore, ManualClock
-from worker.embedded import EmbeddedValkey
 
 pytest_plugins = ["pytester"]
 

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.clock import ManualClock
-from worker.config import Settings
+from gridmem.clock import ManualClock
+from gridmem.config import Settings
+from gridmem.store import AsyncConversationStore, connect_async
 from worker.llm import ChatClient, Message
 from worker.service import Worker
-from worker.store import AsyncConversationStore, connect_async
 
 SETTINGS = {
     "worker": {"concurrency": 4, "lease_seconds": 1, "max_attempts": 3},

@@ -20,8 +20,8 @@ import fakeredis
 import redis as redis_py
 import redis.asyncio as redis_async
 
-from worker import AsyncConversationStore, ConversationConfig, ManualClock
-from worker.store import connect_async
+from gridmem import AsyncConversationStore, ConversationConfig, ManualClock
+from gridmem.store import connect_async
 
 DOORS = ["sync", "async"]
 

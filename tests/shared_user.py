@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from worker import AvatarMessage, ConversationStore, Settings
+from gridmem import AvatarMessage, ConversationStore, Settings
 
 
 def main() -> None:

@@ -22,9 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.conftest import REAL_ENGINES
-from tests.helpers import avatar, recompute
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -34,9 +32,11 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
-from worker.config import ShardLimits, shard_limits
-from worker.embedded import EmbeddedValkey
-from worker.keys import KeySpace
+from gridmem.config import ShardLimits, shard_limits
+from gridmem.embedded import EmbeddedValkey
+from gridmem.keys import KeySpace
+from tests.conftest import REAL_ENGINES
+from tests.helpers import avatar, recompute
 
 # One shard's bounds: small enough that compaction, trimming and eviction happen all
 # the time; the byte share holds one session and its archive (config.shard_limits).

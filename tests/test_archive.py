@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import avatar, recompute
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     ConversationConfig,
@@ -18,6 +17,7 @@ from worker import (
     ReasonCode,
     TurnView,
 )
+from tests.helpers import avatar, recompute
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gridmem.config import Settings
+from gridmem.redaction import DEFAULT_REDACTOR
 from tests.helpers import dump_all
 from tests.secret_corpus import FAMILIES, WRAPPERS, instance, leaks
 from tests.test_worker import go, new_client, running
-from worker.config import Settings
 from worker.llm import Message, OpenAICompatible, display_name, with_name
-from worker.redaction import DEFAULT_REDACTOR
 
 __all__ = ["new_client"]  # the fixture, used by the worker tests below
 

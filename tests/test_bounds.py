@@ -8,8 +8,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from tests.helpers import avatar, recompute
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -21,9 +20,10 @@ from worker import (
     ReasonCode,
     ToolSummary,
 )
-from worker.context import SUMMARY_HEADER
-from worker.keys import KeySpace
-from worker.records import CHANNEL_TTL_MS
+from gridmem.context import SUMMARY_HEADER
+from gridmem.keys import KeySpace
+from gridmem.records import CHANNEL_TTL_MS
+from tests.helpers import avatar, recompute
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

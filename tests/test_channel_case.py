@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import redis as redis_py
 
+from gridmem import AvatarMessage, Channel, ConversationStore, InvalidChannel
+from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem.keys import KeySpace
+from gridmem.scripts import REJECTED_MEMBER, Scripts, load_scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
 from tests.test_operator_cli import CLI, gm
 from tests.test_worker import go, new_client, running
-from worker import AvatarMessage, Channel, ConversationStore, InvalidChannel
-from worker.embedded import EmbeddedValkey, cli_binary
-from worker.keys import KeySpace
-from worker.scripts import REJECTED_MEMBER, Scripts, load_scripts
 
 __all__ = ["new_client"]  # the fixture, used by the worker test below
 

@@ -25,10 +25,10 @@ from typing import NamedTuple
 import pytest
 import redis as redis_py
 
+from gridmem.config import Settings, endpoints, redacted_url, unknown_environment
+from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem.errors import ConfigError
 from tests.conftest import short_tempdir
-from worker.config import Settings, endpoints, redacted_url, unknown_environment
-from worker.embedded import EmbeddedValkey, cli_binary
-from worker.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "bin" / "gridmem-cli"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker import Clock, ManualClock, SystemClock
+from gridmem import Clock, ManualClock, SystemClock
 
 
 def test_manual_clock_starts_paused() -> None:

@@ -17,12 +17,12 @@ from collections.abc import Callable
 import pytest
 import redis as redis_py
 
+from gridmem import AvatarMessage, Channel, ConversationStore, ManualClock, ReasonCode
+from gridmem.clock import DEFAULT_MANUAL_WALL_MS, MAX_CLOCK_BOOTS
+from gridmem.keys import KeySpace
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.scripts import lua_dir
 from tests.helpers import avatar
-from worker import AvatarMessage, Channel, ConversationStore, ManualClock, ReasonCode
-from worker.clock import DEFAULT_MANUAL_WALL_MS, MAX_CLOCK_BOOTS
-from worker.keys import KeySpace
-from worker.records import CHANNEL_TTL_MS
-from worker.scripts import lua_dir
 
 A = avatar(1)
 TTL = CHANNEL_TTL_MS[Channel.PUBLIC]
@@ -46,7 +46,7 @@ class Host:
         """Is the session alive, as each read that applies the clock rule sees it?
         `last` numbers the last write (its receipt is kept, older ones may be folded)."""
         return {
-            "context": bool(self.store.context(A, "public")),  # worker/reads.py
+            "context": bool(self.store.context(A, "public")),  # gridmem/reads.py
             "read_page": bool(self.store.read_page(A, "public").turns),
             "list_metadata": any(m.avatar_uuid == A for m in self.store.list_metadata().items),
             "receipt": self.store.receipt(A, "public", f"k{last}") is not None,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker import CorruptRecord
-from worker.codec import decode_entries
+from gridmem import CorruptRecord
+from gridmem.codec import decode_entries
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis as redis_py
 
+from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, TurnView
+from gridmem.embedded import EmbeddedValkey
 from tests.conftest import REAL_ENGINES
 from tests.helpers import avatar
-from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits, TurnView
-from worker.embedded import EmbeddedValkey
 
 PROCESSES = 4
 TURNS = 150

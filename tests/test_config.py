@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from worker import ConfigError, ConversationConfig, Limits, Settings
-from worker.config import LIMIT_TABLE, shard_limits
-from worker.scripts import LIMIT_FIELDS, limits_packet
+from gridmem import ConfigError, ConversationConfig, Limits, Settings
+from gridmem.config import LIMIT_TABLE, shard_limits
+from gridmem.scripts import LIMIT_FIELDS, limits_packet
 
 DESIGN_CEILINGS = {
     "max_active_sessions": 1_000_000,

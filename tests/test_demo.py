@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import Settings
+from gridmem.config import Settings
 from worker.demo import Demo, DemoReport, print_report
 from worker.progress import step
 

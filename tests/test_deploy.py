@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from worker.config import LIMIT_TABLE, Settings
+from gridmem.config import LIMIT_TABLE, Settings
 from worker.supervisor import GRACEFUL_STOP_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 from types import FunctionType
 
-import worker
-from worker import AsyncConversationStore, ConversationStore
+import gridmem
+from gridmem import AsyncConversationStore, ConversationStore
 
 # Not (yet) on the async door: building a private server and stopping it is the
 # blocking store's (the service builds its clients in each worker process), and
@@ -31,8 +31,8 @@ def public(cls: type) -> dict[str, object]:
 
 
 def test_the_async_door_is_exported() -> None:
-    assert "AsyncConversationStore" in worker.__all__
-    assert worker.AsyncConversationStore is AsyncConversationStore
+    assert "AsyncConversationStore" in gridmem.__all__
+    assert gridmem.AsyncConversationStore is AsyncConversationStore
 
 
 def test_the_async_door_has_every_public_method_of_the_blocking_one() -> None:

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import avatar
-from worker import (
+from gridmem import (
     AvatarMessage,
     Channel,
     ConversationConfig,
@@ -17,7 +16,8 @@ from worker import (
     ManualClock,
     ReasonCode,
 )
-from worker.records import CHANNEL_TTL_MS
+from gridmem.records import CHANNEL_TTL_MS
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

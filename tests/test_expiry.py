@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import all_keys, avatar
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     Channel,
@@ -13,8 +12,9 @@ from worker import (
     ManualClock,
     ReasonCode,
 )
-from worker.records import CHANNEL_TTL_MS
-from worker.scripts import WRITE_SWEEP_BATCH
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.scripts import WRITE_SWEEP_BATCH
+from tests.helpers import all_keys, avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -46,7 +46,7 @@ def test_alive_one_ms_before_ttl_and_expired_at_ttl(
 
 
 def test_ttls_match_lua() -> None:
-    from worker.scripts import lua_dir
+    from gridmem.scripts import lua_dir
 
     lib = (lua_dir() / "lib.lua").read_text()
     assert f"public = {CHANNEL_TTL_MS[Channel.PUBLIC]}" in lib

@@ -25,9 +25,7 @@ import pytest
 import redis as redis_py
 import redis.asyncio as redis_async
 
-from tests.conftest import REAL_ENGINES
-from tests.helpers import avatar, dump_all
-from worker import (
+from gridmem import (
     AvatarMessage,
     Channel,
     ConversationConfig,
@@ -36,12 +34,14 @@ from worker import (
     ManualClock,
     ReasonCode,
 )
-from worker.embedded import EmbeddedValkey, cli_binary
-from worker.errors import BadScriptArgument
-from worker.keys import KeySpace
-from worker.reads import clock_fields, context_read
-from worker.scripts import load_scripts
-from worker.store import AsyncConversationStore, translate
+from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem.errors import BadScriptArgument
+from gridmem.keys import KeySpace
+from gridmem.reads import clock_fields, context_read
+from gridmem.scripts import load_scripts
+from gridmem.store import AsyncConversationStore, translate
+from tests.conftest import REAL_ENGINES
+from tests.helpers import avatar, dump_all
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits
 from tests.helpers import avatar
-from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

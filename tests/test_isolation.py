@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gridmem import AgentReply, AvatarMessage, Channel, ConversationStore, ToolSummary
 from tests.helpers import avatar
-from worker import AgentReply, AvatarMessage, Channel, ConversationStore, ToolSummary
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

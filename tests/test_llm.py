@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gridmem.config import LlmSettings
 from tests.test_inbound import INVISIBLE_ONLY
-from worker.config import LlmSettings
 from worker.llm import (
     OFFLINE_LABEL,
     LlmUnavailable,

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from tests.helpers import avatar
-from worker.config import Limits
-from worker.errors import BadScriptArgument, CorruptState, ScriptError
-from worker.keys import KeySpace
-from worker.records import Channel
-from worker.scripts import (
+from gridmem.config import Limits
+from gridmem.errors import BadScriptArgument, CorruptState, ScriptError
+from gridmem.keys import KeySpace
+from gridmem.records import Channel
+from gridmem.scripts import (
     LIMIT_FIELDS,
     SCRIPT_NAMES,
     ClockReading,
@@ -28,7 +27,8 @@ from worker.scripts import (
     load_scripts,
     lua_dir,
 )
-from worker.store import translate
+from gridmem.store import translate
+from tests.helpers import avatar
 
 SCRIPTS = load_scripts()
 KEYSPACE = KeySpace()
@@ -405,7 +405,7 @@ def test_wrapper_keys_share_one_cluster_slot() -> None:
 
 
 def test_lib_session_parts_match_python() -> None:
-    from worker.keys import SESSION_PARTS
+    from gridmem.keys import SESSION_PARTS
 
     lib = (lua_dir() / "lib.lua").read_text()
     parts = re.search(r"SESSION_PARTS = \{([^}]*)\}", lib).group(1)  # type: ignore[union-attr]
@@ -413,7 +413,7 @@ def test_lib_session_parts_match_python() -> None:
 
 
 def test_script_errors_map_to_one_class_each() -> None:
-    from worker.errors import SCRIPT_ERRORS
+    from gridmem.errors import SCRIPT_ERRORS
 
     assert len(set(SCRIPT_ERRORS.values())) == len(SCRIPT_ERRORS)
     assert all(issubclass(cls, ScriptError) for cls in SCRIPT_ERRORS.values())

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from gridmem import AvatarMessage, Channel, ConversationStore, ManualClock, SessionMetadata
 from tests.helpers import avatar
-from worker import AvatarMessage, Channel, ConversationStore, ManualClock, SessionMetadata
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -101,7 +101,7 @@ def test_limit_is_clamped(store: ConversationStore) -> None:
 
 
 def test_sharded_store_walks_every_shard(redis: Any, clock: ManualClock) -> None:
-    from worker import ConversationConfig
+    from gridmem import ConversationConfig
 
     store = ConversationStore(redis, ConversationConfig(shards=4), clock=clock)
     assert len({store._ops.keys.shard_of(avatar(n)) for n in range(40)}) == 4

@@ -14,9 +14,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from tests.conftest import short_tempdir
-from tests.helpers import avatar
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     ConversationConfig,
@@ -25,7 +23,9 @@ from worker import (
     ReasonCode,
     ToolSummary,
 )
-from worker.embedded import EmbeddedValkey, cli_binary
+from gridmem.embedded import EmbeddedValkey, cli_binary
+from tests.conftest import short_tempdir
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

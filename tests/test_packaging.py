@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.scripts import SCRIPT_NAMES
+from gridmem.scripts import SCRIPT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,13 +24,14 @@ SMOKE = """
 import sys, tempfile
 from pathlib import Path
 import subprocess
-import worker
-from worker.scripts import load_scripts, lua_dir
-assert Path(worker.__file__).is_relative_to(sys.prefix), worker.__file__
+import gridmem, worker
+from gridmem.scripts import load_scripts, lua_dir
+for package in (gridmem, worker):
+    assert Path(package.__file__).is_relative_to(sys.prefix), package.__file__
 assert lua_dir().is_relative_to(sys.prefix), lua_dir()
 scripts = load_scripts()
-from worker import AvatarMessage, ConversationStore
-from worker.embedded import EmbeddedValkey
+from gridmem import AvatarMessage, ConversationStore
+from gridmem.embedded import EmbeddedValkey
 with EmbeddedValkey(Path(tempfile.mkdtemp(prefix="gmw", dir="/tmp"))) as server:
     store = ConversationStore(server.client())
     store.record("8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90", "im", AvatarMessage(text="from the wheel"))
@@ -48,7 +49,7 @@ print(len(scripts), "scripts from", lua_dir())
 
 # Typed code of a user: their mypy must read gridmem's annotations (py.typed).
 USER_CODE = """
-from worker import AsyncConversationStore, AvatarMessage, ConversationStore, Receipt
+from gridmem import AsyncConversationStore, AvatarMessage, ConversationStore, Receipt
 
 
 def remember(store: ConversationStore, uuid: str) -> Receipt:
@@ -72,9 +73,9 @@ def test_wheel_carries_lua_and_works_from_a_fresh_venv() -> None:
         [wheel] = list((work / "dist").glob("gridmem-*.whl"))
         names = set(zipfile.ZipFile(wheel).namelist())
         for name in (*SCRIPT_NAMES, "lib"):
-            assert f"worker/lua/{name}.lua" in names
-        assert "worker/py.typed" in names
-        assert {"worker/bin/gridmem-cli", "worker/bin/gridmem-cli-format"} <= names
+            assert f"gridmem/lua/{name}.lua" in names
+        assert {"gridmem/py.typed", "worker/py.typed"} <= names
+        assert {"gridmem/bin/gridmem-cli", "gridmem/bin/gridmem-cli-format"} <= names
         [license_file] = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert b"MIT License" in zipfile.ZipFile(wheel).read(license_file)
 

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import avatar
-from tests.test_restore_roundtrip import CONTROL, fold_head, texts_near_bounds
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -20,8 +18,8 @@ from worker import (
     Limits,
     ToolSummary,
 )
-from worker.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
-from worker.prepare import (
+from gridmem.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
+from gridmem.prepare import (
     AVATAR_HEAD,
     TRUNCATION_MARKER,
     WITHHELD,
@@ -30,7 +28,9 @@ from worker.prepare import (
     fold_line,
     truncate,
 )
-from worker.redaction import DEFAULT_REDACTOR, Redactor, Rule, redact
+from gridmem.redaction import DEFAULT_REDACTOR, Redactor, Rule, redact
+from tests.helpers import avatar
+from tests.test_restore_roundtrip import CONTROL, fold_head, texts_near_bounds
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis as redis_py
 
+from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
+from gridmem.errors import BadScriptArgument
+from gridmem.scripts import load_scripts
+from gridmem.store import translate
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
-from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
-from worker.errors import BadScriptArgument
-from worker.scripts import load_scripts
-from worker.store import translate
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import avatar
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -16,6 +15,7 @@ from worker import (
     Limits,
     ToolSummary,
 )
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

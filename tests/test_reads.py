@@ -1,7 +1,7 @@
 """context()'s read: one MULTI/EXEC of plain reads, the liveness rule it applies, and
 the cache of decoded entries.
 
-The rule exists twice (lib.lua for the scripts, worker/reads.py for this read),
+The rule exists twice (lib.lua for the scripts, gridmem/reads.py for this read),
 so the two are checked against each other on the same stored states.
 """
 
@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from tests.helpers import avatar
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -22,13 +21,14 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
-from worker.clock import MAX_BOOT_ID_CHARS
-from worker.context import ENTRY_CACHE, EntryCache, context_messages
-from worker.errors import BadScriptArgument, CorruptRecord
-from worker.keys import KeySpace
-from worker.reads import check_clock, clock_fields, context_read, is_live, live_now
-from worker.records import CHANNEL_TTL_MS, Channel
-from worker.scripts import ClockReading, lua_dir
+from gridmem.clock import MAX_BOOT_ID_CHARS
+from gridmem.context import ENTRY_CACHE, EntryCache, context_messages
+from gridmem.errors import BadScriptArgument, CorruptRecord
+from gridmem.keys import KeySpace
+from gridmem.reads import check_clock, clock_fields, context_read, is_live, live_now
+from gridmem.records import CHANNEL_TTL_MS, Channel
+from gridmem.scripts import ClockReading, lua_dir
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -263,7 +263,7 @@ def test_single_connection_client(real_servers: Any) -> None:
     client.close()
 
 
-# -- the entry cache (worker/context.py) -------------------------------------------
+# -- the entry cache (gridmem/context.py) -------------------------------------------
 
 
 def test_a_kept_entry_is_still_refused_in_another_session(

@@ -15,6 +15,19 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gridmem import (
+    ActionResult,
+    AgentReply,
+    AvatarMessage,
+    ConversationConfig,
+    ConversationStore,
+    InputTooLarge,
+    InvalidInput,
+    Limits,
+    ManualClock,
+    ToolSummary,
+)
+from gridmem.redaction import RULES, Redactor, redact
 from tests.conftest import CI_EXAMPLES, examples, hypothesis_profile
 from tests.helpers import avatar, dump_all
 from tests.secret_corpus import (
@@ -34,19 +47,6 @@ from tests.secret_corpus import (
     leaks_all,
     tool_instance,
 )
-from worker import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    InputTooLarge,
-    InvalidInput,
-    Limits,
-    ManualClock,
-    ToolSummary,
-)
-from worker.redaction import RULES, Redactor, redact
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from worker.redaction import (
+from gridmem.redaction import (
     DEFAULT_REDACTOR,
     GRID_NEGATIVES,
     MATCH_BUDGET_BASE,
@@ -449,9 +449,9 @@ def test_a_tool_named_like_a_secret_loses_its_bare_value(
 ) -> None:
     """A tool summary that is the bare value of a secret-named tool: nothing of it in
     Redis (fakeredis and the real servers), and plain words under such a tool stay."""
+    from gridmem import ConversationStore, ToolSummary
     from tests.doors import BlockingDoor
     from tests.helpers import avatar, dump_all
-    from worker import ConversationStore, ToolSummary
 
     assert isinstance(store, ConversationStore | BlockingDoor)  # either door
     who = avatar(7)
@@ -640,9 +640,9 @@ def test_round3_secret_tool_and_action_names(
 ) -> None:
     """Tool summaries and action details under a secret name: nothing of the value in
     Redis (fakeredis and real servers); honest words stay."""
+    from gridmem import ActionResult, ConversationStore, ToolSummary
     from tests.doors import BlockingDoor
     from tests.helpers import avatar, dump_all
-    from worker import ActionResult, ConversationStore, ToolSummary
 
     assert isinstance(store, ConversationStore | BlockingDoor)  # either door
     who = avatar(8)

@@ -25,10 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tests.conftest import short_tempdir
-from tests.helpers import avatar
-from tests.test_redaction import ANY_SECRET, SECRETS, chat_with_secrets
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -39,10 +36,13 @@ from worker import (
     Limits,
     ManualClock,
 )
-from worker.codec import decode_entries
-from worker.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
-from worker.prepare import AGENT_HEAD, AVATAR_HEAD, action_head, fold_line, tool_head
-from worker.records import ToolSummary
+from gridmem.codec import decode_entries
+from gridmem.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
+from gridmem.prepare import AGENT_HEAD, AVATAR_HEAD, action_head, fold_line, tool_head
+from gridmem.records import ToolSummary
+from tests.conftest import short_tempdir
+from tests.helpers import avatar
+from tests.test_redaction import ANY_SECRET, SECRETS, chat_with_secrets
 
 WHO = [avatar(1), avatar(2)]
 # Control characters as the write path's contract names them (C0 but tab and newline,
@@ -321,7 +321,7 @@ def test_every_secret_family_is_in_the_generators() -> None:
 
 @pytest.mark.parametrize("archive", [False, True])
 def test_python_fold_line_is_what_lua_folds(redis: Any, archive: bool) -> None:
-    """worker/prepare.py fold_line() must be lua/lib.lua summary_line(), byte for byte:
+    """gridmem/prepare.py fold_line() must be lua/lib.lua summary_line(), byte for byte:
     the write path checks the line the summary will hold before storing a record."""
     config = _config(archive=archive, max_turns_per_session=1, max_summary_bytes=64 * 1024)
     store = ConversationStore(redis, config, clock=ManualClock())

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     Channel,
@@ -17,7 +17,7 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
-from worker.embedded import EmbeddedValkey
+from gridmem.embedded import EmbeddedValkey
 
 pytestmark = pytest.mark.real
 

@@ -23,9 +23,9 @@ import psutil
 import pytest
 import redis as redis_py
 
+from gridmem import ConversationStore, Settings
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
-from worker import ConversationStore, Settings
 from worker.localllm import LocalChatServer
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -141,7 +141,7 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
     # And a restart in the same directory has every conversation back
     process, client = _serve(empty)
     try:
-        from worker import ConversationConfig, ConversationStore
+        from gridmem import ConversationConfig, ConversationStore
 
         store = ConversationStore(client, ConversationConfig())
         for n in range(5):
@@ -320,7 +320,7 @@ def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations
 
         _until(answered_again, "the server to be back")
         _until(_answered(client, 1), "an answer after the restart")
-        from worker import ConversationConfig, ConversationStore
+        from gridmem import ConversationConfig, ConversationStore
 
         said = [
             m.content
@@ -427,7 +427,7 @@ def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
     # Then a new `gridmem serve` in the same directory has every conversation
     process, client = _serve(empty)
     try:
-        from worker import ConversationConfig, ConversationStore
+        from gridmem import ConversationConfig, ConversationStore
 
         store = ConversationStore(client, ConversationConfig())
         for n in range(3):

@@ -21,10 +21,10 @@ import psutil
 import pytest
 import redis as redis_py
 
+from gridmem import ConversationConfig, ConversationStore, Limits, TurnView
+from gridmem.embedded import EmbeddedValkey
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
-from worker import ConversationConfig, ConversationStore, Limits, TurnView
-from worker.embedded import EmbeddedValkey
 from worker.llm import FAILURE_NOTICE
 from worker.localllm import LocalChatServer
 

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 import redis as redis_py
 
+from gridmem.errors import BadScriptArgument
+from gridmem.keys import KeySpace
+from gridmem.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
+from gridmem.store import ConversationStore
 from tests.helpers import avatar
-from worker.errors import BadScriptArgument
-from worker.keys import KeySpace
-from worker.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
-from worker.store import ConversationStore
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -80,7 +80,7 @@ def test_take_files_entries_per_key_in_arrival_order(run: Any, redis: redis_py.R
 
 
 def test_take_without_group(run: Any, redis: redis_py.Redis) -> None:
-    from worker.errors import NoConsumerGroup
+    from gridmem.errors import NoConsumerGroup
 
     with pytest.raises(NoConsumerGroup, match="GM_NOGROUP missing"):
         run(SCRIPTS.take_inbound(SERVICE, group="missing", consumer="c", count=1))
@@ -392,7 +392,7 @@ def test_bad_arguments(run: Any, redis: redis_py.Redis, call: Any, field: str) -
 
 
 def test_read_receipt(store: ConversationStore) -> None:
-    from worker import AvatarMessage
+    from gridmem import AvatarMessage
 
     first = store.record(A, "im", AvatarMessage(text="x"), idempotency_key="1-0")
     assert store.receipt(A, "im", "1-0") == first

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gridmem import AvatarMessage, ConversationStore, Settings
+from gridmem.store import AsyncConversationStore
 from tests.helpers import avatar
 from tests.test_serve_defaults import (
     DEADLINE,
@@ -28,8 +30,6 @@ from tests.test_serve_defaults import (
     _until,
     empty,
 )
-from worker import AvatarMessage, ConversationStore, Settings
-from worker.store import AsyncConversationStore
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 __all__ = ["empty"]  # the fixture, shared with test_serve_defaults
@@ -218,7 +218,7 @@ def test_a_closed_store_refuses_calls_while_the_server_runs_for_others(empty: Pa
     under it and its next call failed as `ConnectionError: Error 2 connecting to
     .../valkey.sock`. Now a closed store refuses every call, on both doors, before
     a command is sent, like a closed file."""
-    from worker.errors import GridmemError, StoreClosed
+    from gridmem.errors import GridmemError, StoreClosed
 
     settings = Settings(storage_path=empty / "gridmem-data")
     # Given another user keeping the server up, and a store that was used and closed

@@ -18,9 +18,8 @@ from typing import Any
 import fakeredis
 import pytest
 
-import worker.snapshots as snaps
-from tests.helpers import avatar
-from worker import (
+import gridmem.snapshots as snaps
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -33,7 +32,8 @@ from worker import (
     Settings,
     ToolSummary,
 )
-from worker.snapshots import HEADER_SIZE, Header, SnapshotError, parse_header
+from gridmem.snapshots import HEADER_SIZE, Header, SnapshotError, parse_header
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -748,7 +748,7 @@ CHILD = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import redis
-    from worker import AvatarMessage, ConversationConfig, ConversationStore, Limits
+    from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits
     socket, snapdir, step, mode = sys.argv[1:5]
     client = redis.Redis(unix_socket_path=socket)
     limits = Limits(max_snapshot_bytes=int(sys.argv[5]))

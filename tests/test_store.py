@@ -12,9 +12,7 @@ import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import CommandCounter, short_tempdir
-from tests.helpers import avatar
-from worker import (
+from gridmem import (
     AvatarMessage,
     Channel,
     ConversationConfig,
@@ -25,10 +23,12 @@ from worker import (
     Settings,
     ToolSummary,
 )
-from worker.embedded import EmbeddedServerError, SharedValkey, keeper_running
-from worker.errors import BadScriptArgument
-from worker.prepare import TRUNCATION_MARKER
-from worker.scripts import ScriptCall
+from gridmem.embedded import EmbeddedServerError, SharedValkey, keeper_running
+from gridmem.errors import BadScriptArgument
+from gridmem.prepare import TRUNCATION_MARKER
+from gridmem.scripts import ScriptCall
+from tests.conftest import CommandCounter, short_tempdir
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -245,7 +245,7 @@ def _alive(pid: int) -> bool:
 def test_stats_counts_everything_and_nothing_more(
     store: ConversationStore, clock: ManualClock
 ) -> None:
-    from worker import Channel, ReasonCode
+    from gridmem import Channel, ReasonCode
 
     store.record(A, "public", AvatarMessage(text="password=hunter22 and sk-" + "Zq8x" * 8))
     store.record(A, "im", AvatarMessage(text="hello"))

@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CommandCounter
-from tests.helpers import avatar
-from worker import (
+from gridmem import (
     AvatarMessage,
     ConversationConfig,
     ConversationStore,
@@ -22,7 +20,9 @@ from worker import (
     Limits,
     ManualClock,
 )
-from worker.store import AsyncConversationStore
+from gridmem.store import AsyncConversationStore
+from tests.conftest import CommandCounter
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from tests.helpers import avatar, dump_all
-from tests.secret_corpus import FAMILIES, WRAPPERS, Case, instance, leaks_all, tool_instance
-from worker import (
+from gridmem import (
     ActionResult,
     AgentReply,
     AvatarMessage,
@@ -25,7 +23,9 @@ from worker import (
     ManualClock,
     ToolSummary,
 )
-from worker.embedded import EmbeddedValkey
+from gridmem.embedded import EmbeddedValkey
+from tests.helpers import avatar, dump_all
+from tests.secret_corpus import FAMILIES, WRAPPERS, Case, instance, leaks_all, tool_instance
 
 pytestmark = pytest.mark.real
 

@@ -19,12 +19,12 @@ from typing import Any
 import fakeredis
 import pytest
 
+from gridmem.clock import ManualClock
+from gridmem.config import Settings
+from gridmem.embedded import EmbeddedValkey
+from gridmem.store import AsyncConversationStore, connect_async
 from tests.helpers import avatar
-from worker.clock import ManualClock
-from worker.config import Settings
-from worker.embedded import EmbeddedValkey
 from worker.llm import FAILURE_NOTICE, Message
-from worker.store import AsyncConversationStore, connect_async
 
 INBOUND, OUTBOUND, DEAD = "gm:inbound", "gm:outbound", "gm:dead"
 ATTEMPTS = "{gm:inbound}:attempts"
@@ -322,8 +322,8 @@ async def _die_during_an_attempt(
 ) -> None:
     """What a worker that dies mid-attempt leaves in Redis: its claim and its counted
     attempt (the caller then drops its lease, as its expiry would)."""
-    from worker.keys import KeySpace
-    from worker.scripts import Scripts
+    from gridmem.keys import KeySpace
+    from gridmem.scripts import Scripts
 
     keys, scripts = KeySpace().service(), Scripts()
     step = await store.run(scripts.claim_key(keys, member=member, owner=owner, lease_ms=60_000))
@@ -339,8 +339,8 @@ def test_attempts_of_workers_that_died_count_across_restarts(
 ) -> None:
     """An entry that killed (or stalled) the workers that held it: the attempts they
     started are in Redis, so the next worker dead-letters it without trying again."""
-    from worker.keys import KeySpace
-    from worker.scripts import Scripts
+    from gridmem.keys import KeySpace
+    from gridmem.scripts import Scripts
 
     async def scenario() -> None:
         client = new_client()
@@ -439,7 +439,7 @@ def test_a_reply_the_store_refuses_is_answered_with_the_failure_notice(
 ) -> None:
     """Whatever else the store refuses in a model's reply (its rules may grow), the
     resident gets the failure notice and the model is not asked again."""
-    from worker.errors import InvalidRecord
+    from gridmem.errors import InvalidRecord
 
     async def scenario() -> None:
         async with running(new_client) as run:
@@ -557,8 +557,8 @@ def test_an_entry_whose_earlier_attempt_died_runs_alone_in_its_worker(
     A suspect (an earlier attempt ended without a word) now runs with no other entry
     in flight in its process; the others wait (uncounted) and then go on concurrently.
     tests/test_worker_crash.py shows the outcome with real process deaths."""
-    from worker.keys import KeySpace
-    from worker.scripts import Scripts
+    from gridmem.keys import KeySpace
+    from gridmem.scripts import Scripts
 
     async def scenario() -> None:
         client = new_client()

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis as redis_py
 
+from gridmem.embedded import EmbeddedValkey
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
-from worker.embedded import EmbeddedValkey
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

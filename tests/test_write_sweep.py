@@ -16,8 +16,7 @@ from collections.abc import Callable
 import pytest
 import redis as redis_py
 
-from tests.helpers import avatar, dump_all, recompute
-from worker import (
+from gridmem import (
     AgentReply,
     AvatarMessage,
     Channel,
@@ -26,9 +25,10 @@ from worker import (
     ManualClock,
     ReasonCode,
 )
-from worker.keys import KeySpace
-from worker.records import CHANNEL_TTL_MS, Event
-from worker.scripts import WRITE_SWEEP_BATCH
+from gridmem.keys import KeySpace
+from gridmem.records import CHANNEL_TTL_MS, Event
+from gridmem.scripts import WRITE_SWEEP_BATCH
+from tests.helpers import avatar, dump_all, recompute
 
 PUBLIC_TTL = CHANNEL_TTL_MS[Channel.PUBLIC]
 WRITER = avatar(9_999)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import redis
 from pydantic import ValidationError
 
-from worker import __version__
-from worker.errors import ConfigError, GridmemError
+from gridmem import __version__
+from gridmem.errors import ConfigError, GridmemError
 
 if TYPE_CHECKING:
-    from worker.config import Settings
+    from gridmem.config import Settings
 
 CONFIG_EXIT = 2
 FAULT_EXIT = 1
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(config: Path | None) -> int:
-    from worker.config import Settings
+    from gridmem.config import Settings
     from worker.supervisor import Supervisor
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -128,7 +128,7 @@ def _serve(config: Path | None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from worker.config import Settings, unknown_environment
+    from gridmem.config import Settings, unknown_environment
     from worker.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
@@ -165,7 +165,7 @@ class Where(NamedTuple):
     storage_path: Path | None
 
     def redis(self) -> str:
-        from worker.config import redacted_url
+        from gridmem.config import redacted_url
 
         if self.redis_url is None:
             return f"the private Valkey under storage_path {self.storage_path}"
@@ -227,7 +227,7 @@ FAILURES: list[Failure] = [
 
 
 def _config_error(exc: BaseException) -> ConfigError:
-    from worker.config import config_error
+    from gridmem.config import config_error
 
     assert isinstance(exc, ValidationError)
     return config_error(exc)

@@ -34,11 +34,11 @@ from typing import Any, TextIO
 
 import redis
 
-from worker.config import Settings
+from gridmem.config import Settings
+from gridmem.records import CHANNEL_TTL_MS, Channel, Event, ReasonCode
+from gridmem.store import ConversationStore
 from worker.localllm import LocalChatServer
 from worker.progress import step
-from worker.records import CHANNEL_TTL_MS, Channel, Event, ReasonCode
-from worker.store import ConversationStore
 from worker.supervisor import Supervisor
 
 SPEED = 120.0

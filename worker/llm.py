@@ -25,9 +25,9 @@ from typing import Any, Protocol
 import httpx
 import tenacity
 
-from worker.config import LlmSettings
-from worker.context import ACTION_RESULT_HEAD, SUMMARY_HEADER, TOOL_RESULT_HEAD
-from worker.redaction import Redactor
+from gridmem.config import LlmSettings
+from gridmem.context import ACTION_RESULT_HEAD, SUMMARY_HEADER, TOOL_RESULT_HEAD
+from gridmem.redaction import Redactor
 
 FAILURE_NOTICE = (
     "(Sorry, I can't answer right now: my language model is not responding. "

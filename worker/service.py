@@ -56,11 +56,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridmem.clock import Clock, make_clock
+from gridmem.config import Settings, WorkerSettings
+from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
+from gridmem.keys import KeySpace
+from gridmem.records import AgentReply, AvatarMessage, Receipt
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.scripts import AttemptCount, KeyStep
+from gridmem.store import OFFLOAD_TEXT_CHARS, RETRYABLE, AsyncConversationStore, connect_async
+from gridmem.validate import canonical_uuid, parse_channel
 from worker import metrics
-from worker.clock import Clock, ScaledClock, SystemClock
-from worker.config import Settings, WorkerSettings
-from worker.errors import InputTooLarge, InvalidInput, NoConsumerGroup
-from worker.keys import KeySpace
 from worker.llm import (
     FAILURE_NOTICE,
     ChatClient,
@@ -71,11 +76,6 @@ from worker.llm import (
     has_visible_text,
     with_name,
 )
-from worker.records import AgentReply, AvatarMessage, Receipt
-from worker.redaction import DEFAULT_REDACTOR
-from worker.scripts import AttemptCount, KeyStep
-from worker.store import OFFLOAD_TEXT_CHARS, RETRYABLE, AsyncConversationStore, connect_async
-from worker.validate import canonical_uuid, parse_channel
 
 log = logging.getLogger("gridmem.worker")
 
@@ -202,11 +202,8 @@ class Gate:
         return self._running, self._alone
 
 
-def make_clock(settings: WorkerSettings) -> Clock:
-    if settings.clock_speed == 1:
-        return SystemClock()
-    origin = settings.clock_origin_ms if settings.clock_origin_ms is not None else 0
-    return ScaledClock(settings.clock_speed, origin)
+def settings_clock(settings: WorkerSettings) -> Clock:
+    return make_clock(settings.clock_speed, settings.clock_origin_ms)
 
 
 def worker_name() -> str:
@@ -686,7 +683,7 @@ def run_worker_process(settings_data: dict[str, Any], url: str) -> None:
 
 async def _serve(settings: Settings, url: str) -> None:
     store = AsyncConversationStore(
-        connect_async(url), settings.conversation, clock=make_clock(settings.worker)
+        connect_async(url), settings.conversation, clock=settings_clock(settings.worker)
     )
     chat = build_chat_client(settings.llm)
     worker = Worker(store, chat, settings)

@@ -27,12 +27,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from worker.config import Settings, endpoints
-from worker.embedded import SharedValkey
-from worker.errors import GridmemError
-from worker.keys import KeySpace
-from worker.service import GROUP, make_clock, run_worker_process
-from worker.store import ConversationStore, connect
+from gridmem.config import Settings, endpoints
+from gridmem.embedded import SharedValkey
+from gridmem.errors import GridmemError
+from gridmem.keys import KeySpace
+from gridmem.store import ConversationStore, connect
+from worker.service import GROUP, run_worker_process, settings_clock
 
 log = logging.getLogger("gridmem.supervisor")
 
@@ -162,7 +162,7 @@ class Supervisor:
         self.store = ConversationStore(
             connect(self.url),
             conversation,
-            clock=make_clock(settings.worker),
+            clock=settings_clock(settings.worker),
             snapshot_dir=snapshot_dir,
         )
         self._attach_or_prepare()

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worker.errors import InvalidRecord
+from gridmem.errors import InvalidRecord
 
 
 class Channel(StrEnum):

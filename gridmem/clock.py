@@ -134,3 +134,11 @@ class ScaledClock:
 
     def boot_id(self) -> str:
         return self._boot_id
+
+
+def make_clock(speed: float = 1, origin_ms: int | None = None) -> Clock:
+    """The clock of `[worker] clock_speed` / `clock_origin_ms`: the host's own at speed
+    1, else a ScaledClock (the same in every process that is given the same origin)."""
+    if speed == 1:
+        return SystemClock()
+    return ScaledClock(speed, origin_ms if origin_ms is not None else 0)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from worker.codec import encode_payload
-from worker.config import SUMMARY_LINE_BYTES, Limits
-from worker.errors import InputTooLarge, InvalidInput, InvalidRecord
-from worker.records import ActionResult, AgentReply, AvatarMessage, Record, ToolSummary
-from worker.redaction import Redactor
+from gridmem.codec import encode_payload
+from gridmem.config import SUMMARY_LINE_BYTES, Limits
+from gridmem.errors import InputTooLarge, InvalidInput, InvalidRecord
+from gridmem.records import ActionResult, AgentReply, AvatarMessage, Record, ToolSummary
+from gridmem.redaction import Redactor
 
 TRUNCATION_MARKER = " [truncated]"
 # Stored instead of a text that no bounded repair makes a fixed point of redaction.
@@ -39,7 +39,7 @@ _STABLE_ROUNDS = 4
 # A copy of lua/lib.lua summary_line(), so the write path can check the line the
 # summary will hold before the record is stored; tests/test_restore_roundtrip.py
 # compares the two on folded records. The heads are also what restore accepts
-# (worker/snapshots.py builds its summary-line pattern from them).
+# (gridmem/snapshots.py builds its summary-line pattern from them).
 AVATAR_HEAD = "- avatar (untrusted): "
 AGENT_HEAD = "- agent: "
 FOLD_CUT_MARKER = " [...]"
@@ -113,7 +113,7 @@ class Preparer:
     def __init__(self, limits: Limits, redactor: Redactor) -> None:
         self.limits = limits
         self.redactor = redactor
-        # what lua/lib.lua gets as summary_line_bytes (worker/scripts.py limits_packet)
+        # what lua/lib.lua gets as summary_line_bytes (gridmem/scripts.py limits_packet)
         self.line_bytes = min(SUMMARY_LINE_BYTES, limits.max_summary_bytes)
 
     def text(

@@ -26,8 +26,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from worker.config import SUMMARY_LINE_BYTES, Limits, shard_limits
-from worker.keys import ServiceKeys, SessionKeys, ShardKeys
+from gridmem.config import SUMMARY_LINE_BYTES, Limits, shard_limits
+from gridmem.keys import ServiceKeys, SessionKeys, ShardKeys
 
 T = TypeVar("T")
 Arg = str | int | bytes
@@ -121,7 +121,7 @@ _KEYS_LINE = re.compile(r"^-- KEYS\[(\d+)\]", re.MULTILINE)
 
 def lua_dir() -> Path:
     """Where the .lua files are: inside the installed package, else the source tree."""
-    packaged = Path(str(resources.files("worker"))) / "lua"
+    packaged = Path(str(resources.files("gridmem"))) / "lua"
     if (packaged / "lib.lua").is_file():
         return packaged
     return Path(__file__).resolve().parent.parent / "lua"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from worker.errors import InvalidAvatarId, InvalidChannel, InvalidInput
-from worker.records import Channel, channel_named
+from gridmem.errors import InvalidAvatarId, InvalidChannel, InvalidInput
+from gridmem.records import Channel, channel_named
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")

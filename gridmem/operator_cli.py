@@ -2,7 +2,7 @@
 
 The operator CLI is a bash script over redis-cli (bin/gridmem-cli) that finds
 gridmem's Lua scripts (`../lua/`) and its formatter next to itself. The wheel
-carries it in worker/bin/, beside worker/lua/; a source checkout has it in bin/.
+carries it in gridmem/bin/, beside gridmem/lua/; a source checkout has it in bin/.
 This entry point execs bash on it with the running Python first on PATH and as
 GRIDMEM_PYTHON, so the script's own `python3` calls find this installation.
 """

@@ -38,7 +38,7 @@ import functools
 import zlib
 from dataclasses import dataclass
 
-from worker.records import Channel
+from gridmem.records import Channel
 
 SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 
 from pydantic import TypeAdapter
 
-from worker.codec import StoredEntry, read_entries
-from worker.errors import CorruptRecord
-from worker.records import KIND_ROLE, KIND_UNTRUSTED, ContextMessage, TurnView
-from worker.scripts import texts
+from gridmem.codec import StoredEntry, read_entries
+from gridmem.errors import CorruptRecord
+from gridmem.records import KIND_ROLE, KIND_UNTRUSTED, ContextMessage, TurnView
+from gridmem.scripts import texts
 
 # pydantic's validators without ContextMessage's __init__ wrapper: the same checks,
 # a third cheaper; a list of messages is validated in one call.

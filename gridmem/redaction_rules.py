@@ -1,7 +1,7 @@
 """The redaction rule table: what a secret looks like, with examples the tests run.
 
 Patterns are RE2 syntax and run over the *normalized view* of a text (see
-worker/redaction.py): invisible format characters are gone, compatibility forms
+gridmem/redaction.py): invisible format characters are gone, compatibility forms
 (full-width letters) are folded to ASCII and Unicode spaces (NBSP, U+3000...)
 are plain spaces.
 So a pattern is written for plain ASCII and still catches a full-width `ghp_...` or a
@@ -21,7 +21,7 @@ Value shapes (a family decision, pinned by tests/test_redaction_rules.py):
 - a word-like value (no digit or symbol) directly followed by `(` or `[` is
   code (`getpass()`, `os.environ["X"]`), not a secret, and so is any identifier
   directly followed by `(`, digits or not (`llList2String(tokens, 0)`: the
-  check after the match in worker/redaction.py); a value with a digit or symbol
+  check after the match in gridmem/redaction.py); a value with a digit or symbol
   glued to other punctuation is still a secret;
 - `... is <value>` phrases (`my password is ...`, `api key is ...`) need a digit
   or symbol in the value, so `my password is too weak lol` stays.
@@ -740,7 +740,7 @@ RULES: tuple[Rule, ...] = (
         + YAML_BLOCK
         # a word-like value followed by `(` or `[` is code: `getpass()`,
         # `os.environ[...]`; an identifier with digits followed by `(` is dropped
-        # after the match (worker/redaction.py), since it is a call too
+        # after the match (gridmem/redaction.py), since it is a call too
         + r"|(?:\\*[\"'`])?(?P<secret_bare>(?:(?i:bearer|basic|digest|token)[ \t]+)?"
         + MARKED
         + r")"

@@ -57,11 +57,11 @@ from typing import IO, Annotated, Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.codec import decode_entries, entry_to_record
-from worker.config import SUMMARY_LINE_BYTES, Limits
-from worker.errors import GridmemError
-from worker.prepare import AGENT_HEAD, AVATAR_HEAD, UNREADABLE_LINE, action_head, tool_head
-from worker.records import (
+from gridmem.codec import decode_entries, entry_to_record
+from gridmem.config import SUMMARY_LINE_BYTES, Limits
+from gridmem.errors import GridmemError
+from gridmem.prepare import AGENT_HEAD, AVATAR_HEAD, UNREADABLE_LINE, action_head, tool_head
+from gridmem.records import (
     CHANNEL_TTL_MS,
     ActionResult,
     AgentReply,
@@ -69,8 +69,8 @@ from worker.records import (
     Channel,
     ToolSummary,
 )
-from worker.redaction import Redactor
-from worker.scripts import ExportedSession
+from gridmem.redaction import Redactor
+from gridmem.scripts import ExportedSession
 
 MAGIC = b"GRIDMEM\x1a"
 FORMAT_VERSION = 1
@@ -91,7 +91,7 @@ _GENERATION_NAME = re.compile(r"(\d{20})\.snap")
 MAX_GENERATION = 2**64 - 1
 _NAME = r"[A-Za-z0-9_.:\-]{1,64}"
 # A folded summary line: one of the heads lua/lib.lua summary_line() writes
-# (worker/prepare.py holds the same heads), then any text; or the unreadable line.
+# (gridmem/prepare.py holds the same heads), then any text; or the unreadable line.
 _SUMMARY_LINE = re.compile(
     "(?:"
     + "|".join(
@@ -200,7 +200,7 @@ def check_session(session: SnapshotSession, limits: Limits, redactor: Redactor) 
         if len(line.encode("utf-8")) > SUMMARY_LINE_MAX or not _SUMMARY_LINE.fullmatch(line):
             raise SnapshotInvalid("bad_summary", "a summary line is not in the folded format")
     # Line by line: each is one folded record, checked as such when it was written
-    # (worker/prepare.py); two lines side by side are no text anyone wrote.
+    # (gridmem/prepare.py); two lines side by side are no text anyone wrote.
     if any(unredacted(line, redactor) for line in lines):
         raise SnapshotInvalid("unredacted_secret", "the summary holds a secret")
 

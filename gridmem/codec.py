@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from worker.errors import CorruptRecord
-from worker.records import RecordKind
+from gridmem.errors import CorruptRecord
+from gridmem.records import RecordKind
 
 KIND_CODE: dict[RecordKind, str] = {
     "avatar_message": "a",

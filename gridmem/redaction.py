@@ -4,7 +4,7 @@ Residents paste capability URLs, login hashes, API keys and passwords into chat,
 and tools return URLs with tokens. Every text field passes through `redact()`
 before it is encoded, so no secret is ever an argument of a Redis command.
 
-The rules live in worker/redaction_rules.py. This module owns how they run:
+The rules live in gridmem/redaction_rules.py. This module owns how they run:
 
 - Detection runs on a *normalized view* of the text: invisible format characters
   are dropped (a zero-width space inside a token), full-width and other
@@ -38,7 +38,7 @@ from typing import Any
 
 import re2
 
-from worker.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, SHORT_NAME, Rule
+from gridmem.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, SHORT_NAME, Rule
 
 __all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "normalize", "redact"]
 

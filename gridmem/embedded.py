@@ -32,8 +32,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from worker.config import Settings
-from worker.errors import ConfigError, GridmemError
+from gridmem.config import Settings
+from gridmem.errors import ConfigError, GridmemError
 
 log = logging.getLogger("gridmem.embedded")
 
@@ -216,7 +216,7 @@ class EmbeddedValkey:
 # -- one server shared by the local processes of a storage_path -------------------------
 
 KEEPER_POLL_SECONDS = 0.1  # how soon the keeper sees its last user gone, or its server dead
-_KEEPER = "from worker.embedded import keep_main; keep_main()"
+_KEEPER = "from gridmem.embedded import keep_main; keep_main()"
 
 
 def _open_lock(path: Path) -> int:
@@ -478,14 +478,14 @@ def final_flush(settings: Settings | None, url: str) -> None:
     if settings is None or not settings.conversation.persistence_enabled:
         return
     # here, not at the top: the store imports this module
-    from worker.service import make_clock
-    from worker.store import ConversationStore, connect
+    from gridmem.clock import make_clock
+    from gridmem.store import ConversationStore, connect
 
     try:
         with ConversationStore(
             connect(url, socket_timeout=30),
             settings.conversation,
-            clock=make_clock(settings.worker),
+            clock=make_clock(settings.worker.clock_speed, settings.worker.clock_origin_ms),
             snapshot_dir=settings.storage_path / "conversations",
         ) as store:
             info = store.flush()

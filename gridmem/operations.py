@@ -2,7 +2,7 @@
 
 Every public store method is a generator here: it validates its input (before
 the first yield, so bad input never reaches Redis), prepares arguments, yields
-`ScriptCall`s (context() yields a `ReadCall`: worker/reads.py), receives their
+`ScriptCall`s (context() yields a `ReadCall`: gridmem/reads.py), receives their
 parsed replies, and returns the result. The stores only drive these generators:
 `ConversationStore` with a blocking client, `AsyncConversationStore` with an
 asyncio one. This is a "sans-I/O" core.
@@ -15,15 +15,15 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-from worker.clock import Clock
-from worker.codec import decode_entries, record_to_entry
-from worker.config import ConversationConfig, shard_limits
-from worker.context import context_messages, turn_view
-from worker.errors import InvalidInput
-from worker.keys import KeySpace, ShardKeys
-from worker.prepare import Preparer
-from worker.reads import ReadCall, check_clock, clock_fields, context_read
-from worker.records import (
+from gridmem.clock import Clock
+from gridmem.codec import decode_entries, record_to_entry
+from gridmem.config import ConversationConfig, shard_limits
+from gridmem.context import context_messages, turn_view
+from gridmem.errors import InvalidInput
+from gridmem.keys import KeySpace, ShardKeys
+from gridmem.prepare import Preparer
+from gridmem.reads import ReadCall, check_clock, clock_fields, context_read
+from gridmem.records import (
     Channel,
     ContextMessage,
     Event,
@@ -35,8 +35,8 @@ from worker.records import (
     TurnPage,
     parse_record,
 )
-from worker.redaction import DEFAULT_REDACTOR, Redactor
-from worker.scripts import (
+from gridmem.redaction import DEFAULT_REDACTOR, Redactor
+from gridmem.scripts import (
     ClockReading,
     ExportReply,
     MetaRow,
@@ -45,8 +45,8 @@ from worker.scripts import (
     Scripts,
     limits_packet,
 )
-from worker.snapshots import SnapshotSession
-from worker.validate import (
+from gridmem.snapshots import SnapshotSession
+from gridmem.validate import (
     EVENTS_COUNT_MAX,
     METADATA_LIMIT_MAX,
     PAGE_LIMIT_MAX,

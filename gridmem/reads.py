@@ -24,11 +24,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from worker.clock import MAX_BOOT_ID_CHARS
-from worker.errors import BadScriptArgument
-from worker.keys import SessionKeys, ShardKeys
-from worker.records import CHANNEL_TTL_MS, Channel
-from worker.scripts import Arg, ClockReading, ScriptCall, text
+from gridmem.clock import MAX_BOOT_ID_CHARS
+from gridmem.errors import BadScriptArgument
+from gridmem.keys import SessionKeys, ShardKeys
+from gridmem.records import CHANNEL_TTL_MS, Channel
+from gridmem.scripts import Arg, ClockReading, ScriptCall, text
 
 T = TypeVar("T")
 

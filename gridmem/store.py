@@ -1,9 +1,9 @@
 """ConversationStore: the only door to conversation data.
 
-Callers hand it records; it validates, bounds and encodes them (worker/codec.py),
+Callers hand it records; it validates, bounds and encodes them (gridmem/codec.py),
 then runs one atomic Lua script per change. Reads come back the same way, except
-context(), which is one MULTI/EXEC of plain reads (worker/reads.py). The
-behaviour lives in worker/operations.py, shared with AsyncConversationStore;
+context(), which is one MULTI/EXEC of plain reads (gridmem/reads.py). The
+behaviour lives in gridmem/operations.py, shared with AsyncConversationStore;
 this class only drives it with a blocking redis-py client.
 """
 
@@ -25,13 +25,13 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from worker.clock import Clock, SystemClock
-from worker.config import ConversationConfig, Settings
-from worker.embedded import SharedValkey
-from worker.errors import StoreClosed, script_error_from_reply
-from worker.operations import Op, Operations
-from worker.reads import ReadCall
-from worker.records import (
+from gridmem.clock import Clock, SystemClock
+from gridmem.config import ConversationConfig, Settings
+from gridmem.embedded import SharedValkey
+from gridmem.errors import StoreClosed, script_error_from_reply
+from gridmem.operations import Op, Operations
+from gridmem.reads import ReadCall
+from gridmem.records import (
     ContextMessage,
     Event,
     MetadataPage,
@@ -41,9 +41,9 @@ from worker.records import (
     StoreStats,
     TurnPage,
 )
-from worker.redaction import DEFAULT_REDACTOR
-from worker.scripts import ScriptCall, Scripts
-from worker.snapshots import (
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.scripts import ScriptCall, Scripts
+from gridmem.snapshots import (
     QuarantinedGeneration,
     RestoreReport,
     SkippedEntry,
@@ -53,8 +53,8 @@ from worker.snapshots import (
     ValidatedGeneration,
     snapshot_line,
 )
-from worker.snapshots import age_ms as snapshot_age_ms
-from worker.snapshots import expired as snapshot_expired
+from gridmem.snapshots import age_ms as snapshot_age_ms
+from gridmem.snapshots import expired as snapshot_expired
 
 T = TypeVar("T")
 
@@ -508,7 +508,7 @@ class ConversationStore:
 class AsyncConversationStore:
     """The same store as coroutines over `redis.asyncio`, for the worker service.
 
-    It drives the very same operations (worker/operations.py) as
+    It drives the very same operations (gridmem/operations.py) as
     ConversationStore: keys, scripts, validation, redaction, encoding and
     decoding exist once. Snapshots (`flush`, `restore`) are file work: they run
     ConversationStore's own code in a worker thread, its Redis calls on this

@@ -33,7 +33,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from worker.errors import ConfigError
+from gridmem.errors import ConfigError
 
 log = logging.getLogger("gridmem.config")
 
@@ -65,7 +65,7 @@ RECORD_OVERHEAD_BYTES = 1024
 # name> (untrusted): ") is 85 bytes, so a line always has room for its head.
 SUMMARY_LINE_BYTES = 240
 # The smallest bound on a stored text: a cut text keeps its " [truncated]" marker
-# (12 bytes) and some words, and worker/prepare.py WITHHELD always fits.
+# (12 bytes) and some words, and gridmem/prepare.py WITHHELD always fits.
 MIN_TEXT_BYTES = 32
 
 
