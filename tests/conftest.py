@@ -37,6 +37,9 @@ pytest_plugins = ["pytester"]
 # dev:     the default without CI: random examples, failures saved in the default
 #          directory database (.hypothesis/) and replayed first on the next run.
 # explore: as dev with 20x the examples; `HYPOTHESIS_PROFILE=explore pytest tests/...`.
+# ci-subset: as ci with a quarter of the examples, for .ci/run's fast-suite runs on the
+#          other Pythons (the interpreter is what differs there; the whole suite on the
+#          default Python replays every ci example).
 #
 # Chosen by HYPOTHESIS_PROFILE if set, else `ci` when CI is set, else `dev`. A test
 # scales its own count with `examples(n)`, so each profile keeps the ratio between
@@ -56,6 +59,14 @@ settings.register_profile(
     database=None,
     print_blob=True,
     max_examples=CI_EXAMPLES,
+    **_COMMON,
+)
+settings.register_profile(
+    "ci-subset",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    max_examples=CI_EXAMPLES // 4,
     **_COMMON,
 )
 settings.register_profile("dev", max_examples=CI_EXAMPLES, **_COMMON)

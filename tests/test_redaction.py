@@ -164,6 +164,9 @@ def test_hypothesis_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
     keep failures; the profile follows HYPOTHESIS_PROFILE, else CI, else dev."""
     ci, dev, explore = (settings.get_profile(name) for name in ("ci", "dev", "explore"))
     assert ci.derandomize and ci.database is None and ci.print_blob
+    subset = settings.get_profile("ci-subset")
+    assert subset.derandomize and subset.database is None
+    assert 0 < subset.max_examples < ci.max_examples
     assert ci.max_examples == dev.max_examples == CI_EXAMPLES < explore.max_examples
     assert not dev.derandomize and dev.database is not None
     assert not explore.derandomize and explore.database is not None
@@ -180,7 +183,7 @@ def test_hypothesis_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
         assert hypothesis_profile() == chosen, env
     # and this run loaded the profile its environment chose
     monkeypatch.undo()
-    assert settings().derandomize == (hypothesis_profile() == "ci")
+    assert settings().derandomize == (hypothesis_profile() in {"ci", "ci-subset"})
     assert examples(10) == 10 * settings().max_examples // CI_EXAMPLES
 
 
