@@ -2,7 +2,8 @@
 
 The supervisor starts a private Valkey when no Redis URL is configured (Unix
 socket under storage_path, directory 0700, persistence off), restores the
-newest snapshot when persistence is on, creates the consumer group, and spawns
+newest snapshot and the saved stream backlog (gridmem/backlog.py) when persistence
+is on, creates the consumer group, and spawns
 `worker.processes` workers (each builds its own Redis client after it starts).
 It restarts a worker that dies, and the private Valkey if it dies (restoring the
 newest snapshot into it), sweeps idle sessions and flushes snapshots on
