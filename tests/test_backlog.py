@@ -187,3 +187,39 @@ def test_a_snapshot_key_from_elsewhere_is_refused(
     restored = _restore(real_redis, directory)
     assert restored.quarantined == "signature_mismatch"
     assert real_redis.xlen(SERVICE.inbound) == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "cause"),
+    [
+        (b'{"stream":"inbound","id":"5-0","fields":{"txt":"typo"}}\n', "bad_field"),
+        (b'{"stream":"inbound","id":"0-0","fields":{"text":"hi"}}\n', "bad_id"),
+        (b'{"stream":"inbound","id":"5-x","fields":{"text":"hi"}}\n', "bad_id"),
+        (b'{"stream":"dead","id":"5-0","fields":{"text":"hi"}}\n', "bad_entry"),
+        (b'{"stream":"inbound","id":"5-0","fields":{"text":7}}\n', "bad_field"),
+        (b'{"stream":"outbound","id":"5-0","fields":{"text":"hi"}}\n', "bad_field"),
+        (b"not json\n", "bad_line"),
+        (
+            b'{"stream":"inbound","id":"5-0","fields":{"text":"' + PASSWORD.encode() + b'"}}\n',
+            "unredacted_secret",
+        ),
+        (
+            b'{"stream":"inbound","id":"5-0","fields":{"text":"a"}}\n'
+            b'{"stream":"inbound","id":"4-0","fields":{"text":"b"}}\n',
+            "bad_order",
+        ),
+    ],
+)
+def test_a_signed_file_with_an_entry_the_streams_do_not_have_adds_nothing(
+    real_redis: redis_py.Redis, tmp_path: Path, line: bytes, cause: str
+) -> None:
+    """Signed with this installation's key, but not what save() writes: every entry
+    is checked before any is added, and the whole file goes to quarantine."""
+    directory = _directory(tmp_path)
+    directory.prepare()
+    good = b'{"stream":"inbound","id":"1-0","fields":{"text":"fine"}}\n'
+    path = directory.directory / backlog.BACKLOG_FILE
+    backlog._write(directory, path, [good, line], 1)
+    restored = _restore(real_redis, directory)
+    assert restored.quarantined == cause
+    assert real_redis.xlen(SERVICE.inbound) == 0 and real_redis.xlen(SERVICE.outbound) == 0
