@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -34,6 +34,9 @@ from redis.retry import Retry
 
 from gridmem.config import Settings
 from gridmem.errors import ConfigError, GridmemError
+
+if TYPE_CHECKING:
+    from gridmem.backlog import SaveReport
 
 log = logging.getLogger("gridmem.embedded")
 
@@ -489,10 +492,31 @@ def final_flush(settings: Settings | None, url: str) -> None:
             snapshot_dir=settings.storage_path / "conversations",
         ) as store:
             info = store.flush()
-        if info is not None:
-            log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)
+            if info is not None:
+                log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)
+            # the streams are in this server's memory only: their backlog goes to
+            # disk too (gridmem/backlog.py), and the next server's start adds it back
+            saved = store.save_backlog()
+            if saved is not None:
+                log_backlog_saved(saved)
     except Exception as exc:
         log.error("saving the private Valkey's conversations failed: %s", exc)
+
+
+def log_backlog_saved(saved: SaveReport) -> None:
+    """One line of counts (never content) for a saved stream backlog (backlog.SaveReport)."""
+    log.info(
+        "stream backlog saved: %d inbound, %d outbound entries",
+        saved.inbound,
+        saved.outbound,
+    )
+    if saved.dropped or saved.over_bounds:
+        log.warning(
+            "stream backlog: %d entries not saved (not UTF-8 or unknown fields), "
+            "%d past its bounds",
+            saved.dropped,
+            saved.over_bounds,
+        )
 
 
 def keep_main() -> None:

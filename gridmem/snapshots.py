@@ -236,11 +236,12 @@ class Header:
     boot_id: str
     payload_len: int
     payload_sha: bytes
+    magic: bytes = MAGIC  # 8 bytes: what kind of file (the stream backlog has its own)
 
     def fields(self) -> bytes:
         boot = self.boot_id.encode("utf-8")[:64].ljust(64, b"\0")
         return _FIELDS.pack(
-            MAGIC, self.version, 0, self.generation, self.created_ms, boot,
+            self.magic, self.version, 0, self.generation, self.created_ms, boot,
             self.payload_len, self.payload_sha,
         )  # fmt: skip
 
@@ -251,15 +252,24 @@ class Header:
         return fields + checksum + signature
 
 
-def parse_header(data: bytes, key: bytes) -> Header:
-    """Check magic, version, checksum and signature of a header (HEADER_SIZE bytes)."""
+def parse_header(
+    data: bytes,
+    key: bytes,
+    *,
+    magic_expected: bytes = MAGIC,
+    versions: frozenset[int] | None = None,
+) -> Header:
+    """Check magic, version, checksum and signature of a header (HEADER_SIZE bytes).
+
+    A snapshot's by default; gridmem/backlog.py frames its file the same way with
+    its own magic and format versions."""
     if len(data) < HEADER_SIZE:
         raise SnapshotInvalid("truncated", "shorter than a header")
     fields = data[: _FIELDS.size]
     checksum = data[_FIELDS.size : _FIELDS.size + 32]
     signature = data[_FIELDS.size + 32 : HEADER_SIZE]
     magic, version, _flags, generation, created, boot, length, payload_sha = _FIELDS.unpack(fields)
-    if magic != MAGIC:
+    if magic != magic_expected:
         raise SnapshotInvalid("bad_magic", "not a gridmem snapshot")
     if not hmac.compare_digest(hashlib.sha256(fields).digest(), checksum):
         raise SnapshotInvalid("checksum_mismatch", "header damaged")
@@ -267,10 +277,11 @@ def parse_header(data: bytes, key: bytes) -> Header:
         hmac.new(key, fields + checksum, hashlib.sha256).digest(), signature
     ):
         raise SnapshotInvalid("signature_mismatch", "not signed with this installation's key")
-    if version != FORMAT_VERSION and version not in MIGRATIONS:
+    known = versions if versions is not None else {FORMAT_VERSION, *MIGRATIONS}
+    if version not in known:
         raise SnapshotInvalid("unsupported_version", f"format version {version}")
     boot_id = boot.rstrip(b"\0").decode("utf-8", "replace")
-    return Header(version, generation, created, boot_id, length, payload_sha)
+    return Header(version, generation, created, boot_id, length, payload_sha, magic)
 
 
 # -- results ----------------------------------------------------------------------------
@@ -650,8 +661,9 @@ class SnapshotDirectory:
             fh.seek(offset)
             return self.parse_line(fh.read(length), valid.version)
 
-    def quarantine(self, path: Path) -> bool:
-        """Move a failed generation aside (bounded: oldest quarantined files go first).
+    def quarantine(self, path: Path, name: str | None = None) -> bool:
+        """Move a failed generation aside (bounded: oldest quarantined files go first),
+        as `name` (its own name by default).
 
         False if it could not be moved: `quarantine` is not a real directory of
         ours (a file, a link: never followed) or the move failed. The generation
@@ -665,7 +677,7 @@ class SnapshotDirectory:
         try:
             if self.posix:
                 _force_mode(folder, 0o700, directory=True)
-            os.replace(path, folder / path.name)
+            os.replace(path, folder / (name or path.name))
         except FileNotFoundError:
             pass  # gone already (another restorer)
         except OSError:

@@ -25,10 +25,12 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from gridmem import backlog
 from gridmem.clock import Clock, SystemClock
 from gridmem.config import ConversationConfig, Settings
 from gridmem.embedded import SharedValkey
 from gridmem.errors import StoreClosed, script_error_from_reply
+from gridmem.keys import KeySpace
 from gridmem.operations import Op, Operations
 from gridmem.reads import ReadCall
 from gridmem.records import (
@@ -119,6 +121,21 @@ def _snapshot_dir(settings: Settings) -> Path:
     return settings.storage_path / "conversations"
 
 
+def log_backlog_restored(restored: backlog.RestoreReport | None) -> None:
+    """Counts only: what a stream backlog restore added, or why it refused the file."""
+    if restored is None or not restored.found:
+        return
+    if restored.quarantined is not None:
+        log.warning("stream backlog quarantined: %s; nothing of it added", restored.quarantined)
+        return
+    log.info(
+        "stream backlog restored: %d inbound, %d outbound entries added, %d already there",
+        restored.inbound,
+        restored.outbound,
+        restored.skipped,
+    )
+
+
 def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValkey:
     """Attach to the private Valkey of settings.storage_path, starting it if none runs.
     A server this call starts gets the newest snapshot (persistence on) before any
@@ -135,8 +152,14 @@ def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValk
             snapshot_dir=_snapshot_dir(settings),
         ) as store:
             report = store.restore()
-        if report.error is not None:
-            log.error("restore: %s", report.error)
+            if report.error is not None:
+                log.error("restore: %s", report.error)
+            try:
+                restored = store.restore_backlog()
+            except Exception as exc:  # the file stays for the next start
+                log.error("restoring the stream backlog failed: %s", exc)
+            else:
+                log_backlog_restored(restored)
 
     shared.attach(on_start=restore)
     return shared
@@ -310,6 +333,35 @@ class ConversationStore:
         except Exception as exc:  # start-up must go on: say what happened instead
             report.error = f"{type(exc).__name__}: {exc}"
         return report
+
+    def save_backlog(self) -> backlog.SaveReport | None:
+        """Write the service streams' backlog (unanswered inbound entries, the newest
+        replies) to `<snapshot dir>/backlog`, redacted and signed; None when
+        persistence is off. For a server that keeps its streams in memory (the
+        private Valkey): see gridmem/backlog.py. Raises SnapshotError or a redis error."""
+        if self._closed:
+            raise StoreClosed
+        if self.snapshots is None:
+            return None
+        service = KeySpace(self.config.namespace, self.config.shards).service()
+        return backlog.save(self.redis, self.snapshots, service, created_ms=self.clock.wall_ms())
+
+    def restore_backlog(self) -> backlog.RestoreReport | None:
+        """Add a saved backlog's entries at their IDs (none the streams already hold),
+        then delete the file; a file failing a check goes to quarantine. Before the
+        consumer group is created. None when persistence is off."""
+        if self._closed:
+            raise StoreClosed
+        if self.snapshots is None:
+            return None
+        service = KeySpace(self.config.namespace, self.config.shards).service()
+        return backlog.restore(
+            self.redis,
+            self.snapshots,
+            service,
+            max_value_bytes=self.config.limits.max_input_bytes,
+            now_ms=self.clock.wall_ms(),
+        )
 
     @property
     def scripts(self) -> Scripts:

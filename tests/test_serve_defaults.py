@@ -241,9 +241,13 @@ def test_ctrl_c_with_no_other_user_says_how_many_messages_end_unanswered(empty: 
     bridge over plain redis-py, as examples/bridge.py is), Ctrl-C stopped the private
     Valkey, and with it every inbound message still waiting, without a word: the log
     said a clean stop, the restart had the sessions back and 272 of 405 messages
-    were never answered. The private server keeps the streams in memory only; the
-    stop now says how many messages it leaves unanswered."""
-    slow = {"GRIDMEM_LLM__BASE_URL": "", "GRIDMEM_WORKER__CONCURRENCY": "1"}
+    were never answered. With persistence off the private server keeps the streams in
+    memory only; the stop now says how many messages it leaves unanswered."""
+    slow = {
+        "GRIDMEM_LLM__BASE_URL": "",
+        "GRIDMEM_WORKER__CONCURRENCY": "1",
+        "GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED": "false",
+    }
     with LocalChatServer(delay_seconds=1.0) as llm:
         slow["GRIDMEM_LLM__BASE_URL"] = llm.url
         # Given the service alone on its private server, ten messages waiting
@@ -262,6 +266,65 @@ def test_ctrl_c_with_no_other_user_says_how_many_messages_end_unanswered(empty: 
     asked = len(llm.requests)  # each one in hand is finished (and answered) first
     assert "private Valkey stopped" in out, out
     assert f"WARNING {10 - asked} inbound messages were not answered and are lost" in out, out
+    assert not (empty / "gridmem-data" / "conversations" / "backlog").exists()
+    _until(lambda: not _servers(empty), "no server or keeper left")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_with_no_other_user_keeps_every_message_with_persistence_on(
+    empty: Path, sig: signal.Signals
+) -> None:
+    """Issue 13, item 2: with persistence on and no library user attached, a stop of
+    the whole process group lost the stream backlog with the private Valkey (it keeps
+    the streams in memory; snapshots held the sessions only). Now the keeper saves
+    the backlog as it stops the server and the next start adds it back: every message
+    is answered exactly once across the stop and the start, and every reply published
+    before the stop is still there for a bridge to read, at its ID."""
+    slow = {"GRIDMEM_LLM__BASE_URL": "", "GRIDMEM_WORKER__CONCURRENCY": "1"}
+    with LocalChatServer(delay_seconds=1.0) as llm:
+        slow["GRIDMEM_LLM__BASE_URL"] = llm.url
+        # Given the service alone on its private server, ten messages posted
+        process, client = _serve(empty, **slow)
+        try:
+            posted = [
+                client.xadd(
+                    "gm:inbound",
+                    {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"},
+                )
+                for n in range(10)
+            ]
+            # When the process group is signalled with two answered, more in hand
+            _until(_answered(client, 2), "two messages answered")
+            before = client.xrange("gm:outbound")
+        finally:
+            os.killpg(process.pid, sig)
+            out = process.communicate(timeout=DEADLINE)[0].decode()
+            client.close()
+        assert process.returncode == 0, out
+        assert "private Valkey stopped" in out, out
+        assert "not answered and are lost" not in out, out
+        _until(lambda: not _servers(empty), "the first server gone")
+        backlog = empty / "gridmem-data" / "conversations" / "backlog"
+        assert backlog.exists()
+        # And the service starts again on a new private server
+        process, client = _serve(empty, **slow)
+        try:
+            restored = not backlog.exists()  # added back, then deleted: never replayed twice
+            _until(_answered(client, 10), "every message answered")
+            after: Any = client.xrange("gm:outbound")
+            waiting = client.xlen("gm:inbound")
+        finally:
+            restart = _ctrl_c(process)
+            client.close()
+    # Then each message is answered exactly once, across the stop and the start
+    assert sorted(f["in_reply_to"] for _, f in after) == sorted(posted), (after, posted)
+    assert waiting == 0
+    # And no reply a bridge had not read yet is lost: each is there at its own ID
+    kept = dict(after)
+    for entry_id, fields in before:
+        assert kept.get(entry_id) == fields, (entry_id, fields)
+    assert "stream backlog restored" in restart, restart
+    assert restored
     _until(lambda: not _servers(empty), "no server or keeper left")
 
 
@@ -310,16 +373,24 @@ def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations
         server.kill()
 
         # Then it is started again with the conversations, and a new message is answered
+        posted: list[str] = []
+
         def answered_again() -> bool:
             with contextlib.suppress(redis_py.ConnectionError, redis_py.ResponseError, OSError):
-                client.xadd(
-                    "gm:inbound", {"avatar_uuid": avatar(0), "channel": "im", "text": "back?"}
+                posted.append(
+                    client.xadd(
+                        "gm:inbound", {"avatar_uuid": avatar(0), "channel": "im", "text": "back?"}
+                    )
                 )
                 return True
             return False
 
         _until(answered_again, "the server to be back")
-        _until(_answered(client, 1), "an answer after the restart")
+        # (the replies before it are back too, from the stream backlog of the last flush)
+        _until(
+            lambda: posted[0] in [f["in_reply_to"] for f in _replies(client)],
+            "an answer after the restart",
+        )
         from gridmem import ConversationConfig, ConversationStore
 
         said = [

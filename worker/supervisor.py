@@ -2,7 +2,8 @@
 
 The supervisor starts a private Valkey when no Redis URL is configured (Unix
 socket under storage_path, directory 0700, persistence off), restores the
-newest snapshot when persistence is on, creates the consumer group, and spawns
+newest snapshot and the saved stream backlog (gridmem/backlog.py) when persistence
+is on, creates the consumer group, and spawns
 `worker.processes` workers (each builds its own Redis client after it starts).
 It restarts a worker that dies, and the private Valkey if it dies (restoring the
 newest snapshot into it), sweeps idle sessions and flushes snapshots on
@@ -31,7 +32,7 @@ from gridmem.config import Settings, endpoints
 from gridmem.embedded import SharedValkey
 from gridmem.errors import GridmemError
 from gridmem.keys import KeySpace
-from gridmem.store import ConversationStore, connect
+from gridmem.store import ConversationStore, connect, log_backlog_restored
 from worker.service import GROUP, run_worker_process, settings_clock
 
 log = logging.getLogger("gridmem.supervisor")
@@ -194,6 +195,13 @@ class Supervisor:
             log.info("restore: %s", report.model_dump_json(exclude={"quarantined"}))
             for bad in report.quarantined:
                 log.warning("snapshot generation %d quarantined: %s", bad.generation, bad.cause)
+            if self.embedded is not None:
+                # the private Valkey's streams as its last stop (or flush) saved them;
+                # before the consumer group, which starts at ID 0, so they are delivered
+                try:
+                    log_backlog_restored(self.store.restore_backlog())
+                except Exception as exc:  # the file stays for the next start
+                    log.error("restoring the stream backlog failed: %s", exc)
         conversation = self.settings.conversation
         service = KeySpace(conversation.namespace, conversation.shards).service()
         self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
@@ -291,6 +299,15 @@ class Supervisor:
                 info = self.store.flush()
                 if info is not None:
                     log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)
+                if self.embedded is not None and not self._stop.is_set():
+                    # the private Valkey's streams, so a SIGKILL of it loses one
+                    # interval at most; at a stop its keeper saves them as it stops
+                    # it (gridmem.embedded.final_flush), after the workers are gone
+                    saved = self.store.save_backlog()
+                    if saved is not None:
+                        log.debug(
+                            "stream backlog: %d inbound, %d outbound", saved.inbound, saved.outbound
+                        )
         except Exception as exc:  # keep supervising; say what failed
             log.error("%s failed: %s", what, exc)
 
@@ -340,18 +357,21 @@ class Supervisor:
         """Last: the workers and the last snapshot needed the server. It stops once no
         library user of this storage_path is attached either.
 
-        The private server keeps the streams in memory only (a snapshot holds the
-        sessions): what was still waiting in gm:inbound, and the replies no bridge has
-        read from gm:outbound, end with it. Say so rather than lose them quietly."""
+        The private server keeps the streams in memory. With persistence on, its
+        keeper saves their backlog to disk as it stops it (gridmem/backlog.py) and
+        the next start adds it back. With persistence off, what was still waiting in
+        gm:inbound, and the replies no bridge has read from gm:outbound, end with it:
+        say so rather than lose them quietly."""
         if self.embedded is None or not self.embedded.attached:
             return
         if self.embedded.detach():
             log.info("private Valkey stopped")
-            if backlog:
+            if backlog and not self.settings.conversation.persistence_enabled:
                 log.warning(
                     "%d inbound messages were not answered and are lost with the private "
-                    "Valkey (it keeps the streams in memory; snapshots hold the sessions). "
-                    "Keep a library user of this storage_path attached across a restart, "
+                    "Valkey (it keeps the streams in memory, and persistence is off). "
+                    "Set [conversation] persistence_enabled = true to keep them across a "
+                    "restart, keep a library user of this storage_path attached, "
                     "or set [redis] url to a server that persists",
                     backlog,
                 )

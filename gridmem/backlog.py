@@ -1,0 +1,391 @@
+"""The private Valkey's stream backlog across a stop: saved to disk, restored at the next start.
+
+The private Valkey (no `[redis] url`) keeps everything in memory, and snapshots
+hold the sessions only. With persistence on, the streams' backlog goes to one
+file, `<snapshot directory>/backlog`, when the server stops (the keeper's last
+flush, embedded.final_flush) and after each periodic flush of `gridmem serve`
+(so a SIGKILL of everything loses at most one flush interval):
+
+- every entry of `gm:inbound` (what residents said that is not answered yet;
+  answered entries are deleted from the stream), at most MAX_INBOUND entries;
+- the newest MAX_OUTBOUND entries of `gm:outbound` (replies a bridge may not have
+  read yet);
+
+each with its original stream ID and fields, every field value redacted (the same
+rules as a live write: no secret reaches the disk). The payload is bounded by
+MAX_PAYLOAD_BYTES: entries past a bound are not saved, and counted in the log.
+An entry that is not UTF-8, or has a field the stream contract does not name
+(docs/streams.md), is not saved either (counted; the service would have
+dead-lettered it) .
+
+The file is framed and signed as a snapshot generation is (snapshots.Header,
+with its own magic): header with the payload's length and SHA-256, a checksum
+and an HMAC-SHA256 with the installation's snapshot key; then one JSON object per
+line, `{"stream": "inbound"|"outbound", "id": "<ms>-<seq>", "fields": {...}}`,
+each stream's entries in ascending ID order. It is written as a generation is
+(temp file 0600 in the same directory, fsync, os.replace, fsync of the
+directory), under the snapshot directory's lock.
+
+restore() checks the whole file before anything reaches Redis: signature, format
+version, length and hash, then every entry (stream, ID shape and order, field
+names, sizes, nothing redaction would still change). A file that fails any check
+is moved to `quarantine/` and nothing of it is added. A valid file's entries are
+added at their original IDs, each only if its ID is above the stream's last
+generated ID: restoring into a server that still holds them (another user kept
+it up) adds nothing. Then the file is deleted, so it is never replayed twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from gridmem.keys import ServiceKeys
+from gridmem.redaction import DEFAULT_REDACTOR, Redactor
+from gridmem.snapshots import (
+    HEADER_SIZE,
+    TEMP_PREFIX,
+    Header,
+    SnapshotDirectory,
+    SnapshotError,
+    SnapshotInvalid,
+    _fsync_directory,
+    _open_regular,
+    parse_header,
+    unredacted,
+)
+
+log = logging.getLogger("gridmem.backlog")
+
+BACKLOG_FILE = "backlog"
+MAGIC = b"GMBACKLG"
+FORMAT_VERSION = 1
+MAX_INBOUND = 100_000  # inbound entries saved, oldest first
+MAX_OUTBOUND = 10_000  # outbound entries saved, the newest
+MAX_PAYLOAD_BYTES = 256 * 1024 * 1024  # inbound first, then outbound, until this is reached
+PAGE = 500  # entries read per XRANGE / XREVRANGE call
+
+# The stream contract (docs/streams.md): the fields an entry of each stream may have.
+INBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "avatar_name"})
+OUTBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "in_reply_to", "session_id"})
+_STREAM_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_U64 = 2**64
+
+
+@dataclass
+class SaveReport:
+    """What save() wrote (counts only, never content)."""
+
+    inbound: int = 0
+    outbound: int = 0
+    dropped: int = 0  # entries not UTF-8 or with unknown fields
+    over_bounds: int = 0  # entries past MAX_INBOUND or MAX_PAYLOAD_BYTES
+    bytes: int = 0  # the file's size; 0 when there was nothing to save (no file)
+
+
+@dataclass
+class RestoreReport:
+    """What restore() did (counts only)."""
+
+    found: bool = False
+    inbound: int = 0  # entries added
+    outbound: int = 0
+    skipped: int = 0  # valid entries not added: the stream already had their IDs
+    quarantined: str | None = None  # why the file was refused, if it was
+
+
+def parse_id(text: str) -> tuple[int, int] | None:
+    """A stream ID `<ms>-<seq>` as two integers, or None if it is not one (or is 0-0)."""
+    match = _STREAM_ID.fullmatch(text)
+    if match is None:
+        return None
+    ms, seq = int(match.group(1)), int(match.group(2))
+    if ms >= _U64 or seq >= _U64 or (ms, seq) == (0, 0):
+        return None
+    return ms, seq
+
+
+# -- saving ---------------------------------------------------------------------------
+
+
+def _decode(
+    entry_id: Any, fields: Any, allowed: frozenset[str]
+) -> tuple[str, dict[str, str]] | None:
+    """Strict UTF-8 decoding of one entry; None if it cannot be saved."""
+    try:
+        text_id = entry_id.decode("utf-8") if isinstance(entry_id, bytes) else str(entry_id)
+        decoded: dict[str, str] = {}
+        for name, value in fields.items():
+            key = name.decode("utf-8") if isinstance(name, bytes) else str(name)
+            decoded[key] = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        return None
+    if parse_id(text_id) is None or not set(decoded) <= allowed:
+        return None
+    return text_id, decoded
+
+
+def _line(stream: str, entry_id: str, fields: dict[str, str], redactor: Redactor) -> bytes:
+    clean = {name: redactor.redact(value)[0] for name, value in fields.items()}
+    data = {"stream": stream, "id": entry_id, "fields": clean}
+    return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def _inbound(client: redis.Redis, key: str) -> Iterator[tuple[Any, Any]]:
+    start = "-"
+    while True:
+        page = client.xrange(key, min=start, max="+", count=PAGE)
+        if not page:
+            return
+        yield from page
+        last = page[-1][0]
+        start = "(" + (last.decode("ascii") if isinstance(last, bytes) else str(last))
+
+
+def _outbound(client: redis.Redis, key: str) -> list[tuple[Any, Any]]:
+    """The newest MAX_OUTBOUND entries, oldest first."""
+    got: list[tuple[Any, Any]] = []
+    end = "+"
+    while len(got) < MAX_OUTBOUND:
+        page = client.xrevrange(key, max=end, min="-", count=min(PAGE, MAX_OUTBOUND - len(got)))
+        if not page:
+            break
+        got += page
+        last = page[-1][0]
+        end = "(" + (last.decode("ascii") if isinstance(last, bytes) else str(last))
+    got.reverse()
+    return got
+
+
+def save(
+    client: redis.Redis,
+    directory: SnapshotDirectory,
+    service: ServiceKeys,
+    *,
+    created_ms: int,
+    redactor: Redactor = DEFAULT_REDACTOR,
+) -> SaveReport:
+    """Write the streams' backlog to `<directory>/backlog`, replacing an older file
+    (or removing it when both streams are empty). Raises SnapshotError if it cannot
+    be written (the older file is then untouched), redis errors if the server
+    cannot be read."""
+    report = SaveReport()
+    lines: list[bytes] = []
+    budget = MAX_PAYLOAD_BYTES
+    for entry_id, fields in _inbound(client, service.inbound):
+        decoded = _decode(entry_id, fields, INBOUND_FIELDS)
+        if decoded is None:
+            report.dropped += 1
+            continue
+        if report.inbound >= MAX_INBOUND:
+            report.over_bounds += 1
+            continue
+        line = _line("inbound", *decoded, redactor)
+        if len(line) > budget:
+            report.over_bounds += 1
+            continue
+        budget -= len(line)
+        lines.append(line)
+        report.inbound += 1
+    for entry_id, fields in _outbound(client, service.outbound):
+        decoded = _decode(entry_id, fields, OUTBOUND_FIELDS)
+        if decoded is None or set(decoded[1]) != OUTBOUND_FIELDS:
+            report.dropped += 1
+            continue
+        line = _line("outbound", *decoded, redactor)
+        if len(line) > budget:
+            report.over_bounds += 1
+            continue
+        budget -= len(line)
+        lines.append(line)
+        report.outbound += 1
+    with directory.locked():
+        final = directory.directory / BACKLOG_FILE
+        if not lines:
+            with contextlib.suppress(FileNotFoundError):
+                final.unlink()
+                _fsync_directory(directory.directory, directory.posix)
+            return report
+        report.bytes = _write(directory, final, lines, created_ms)
+    return report
+
+
+def _write(directory: SnapshotDirectory, final: Path, lines: list[bytes], created_ms: int) -> int:
+    key = directory.key()
+    payload = b"".join(lines)
+    header = Header(
+        FORMAT_VERSION, 0, created_ms, "", len(payload), hashlib.sha256(payload).digest(), MAGIC
+    )
+    temp = directory.directory / f"{TEMP_PREFIX}backlog-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(header.encode(key))
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise SnapshotError(
+            f"cannot write the stream backlog {final}: {exc.strerror or exc}"
+        ) from None
+    _fsync_directory(directory.directory, directory.posix)
+    return HEADER_SIZE + len(payload)
+
+
+# -- restoring ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    stream: str
+    id: str
+    order: tuple[int, int]
+    fields: dict[str, str]
+
+
+def _check_fields(stream: str, fields: Any, max_value_bytes: int, redactor: Redactor) -> None:
+    if not isinstance(fields, dict) or not fields:
+        raise SnapshotInvalid("bad_entry", "no fields")
+    names = set(fields)
+    if stream == "inbound" and not names <= INBOUND_FIELDS:
+        raise SnapshotInvalid("bad_field", "a field the inbound stream does not have")
+    if stream == "outbound":
+        if names != OUTBOUND_FIELDS:
+            raise SnapshotInvalid("bad_field", "not the outbound stream's fields")
+        if not isinstance(fields["in_reply_to"], str) or parse_id(fields["in_reply_to"]) is None:
+            raise SnapshotInvalid("bad_id", "in_reply_to is not a stream ID")
+    for value in fields.values():
+        if not isinstance(value, str) or len(value.encode("utf-8")) > max_value_bytes:
+            raise SnapshotInvalid("bad_field", "a field value that is not a bounded string")
+        if unredacted(value, redactor):
+            raise SnapshotInvalid("unredacted_secret", "a field holds a secret")
+
+
+def _check_line(raw: bytes, max_value_bytes: int, redactor: Redactor) -> _Entry:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SnapshotInvalid("bad_line", "not a JSON line") from None
+    if not isinstance(data, dict) or set(data) != {"stream", "id", "fields"}:
+        raise SnapshotInvalid("bad_entry", "not a backlog entry")
+    stream, entry_id, fields = data["stream"], data["id"], data["fields"]
+    if stream not in ("inbound", "outbound"):
+        raise SnapshotInvalid("bad_entry", "unknown stream")
+    order = parse_id(entry_id) if isinstance(entry_id, str) else None
+    if order is None:
+        raise SnapshotInvalid("bad_id", "not a stream ID")
+    _check_fields(stream, fields, max_value_bytes, redactor)
+    return _Entry(stream, entry_id, order, fields)
+
+
+def _read(
+    directory: SnapshotDirectory, path: Path, max_value_bytes: int, redactor: Redactor
+) -> list[_Entry]:
+    """Every entry of a file that passes every check; SnapshotInvalid otherwise."""
+    key = directory.key(create=False)
+    try:
+        with _open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > HEADER_SIZE + MAX_PAYLOAD_BYTES:
+                raise SnapshotInvalid("oversized", "larger than a backlog can be")
+            data = fh.read()
+    except OSError as exc:
+        raise SnapshotInvalid("unreadable", str(exc.strerror or exc)) from None
+    header = parse_header(data, key, magic_expected=MAGIC, versions=frozenset({FORMAT_VERSION}))
+    payload = data[HEADER_SIZE:]
+    if len(payload) != header.payload_len:
+        raise SnapshotInvalid("truncated", "payload length differs from the header's")
+    if not hmac.compare_digest(hashlib.sha256(payload).digest(), header.payload_sha):
+        raise SnapshotInvalid("checksum_mismatch", "payload damaged")
+    entries: list[_Entry] = []
+    last: dict[str, tuple[int, int]] = {}
+    counts = {"inbound": 0, "outbound": 0}
+    for raw in payload.splitlines():
+        entry = _check_line(raw, max_value_bytes, redactor)
+        if entry.stream in last and entry.order <= last[entry.stream]:
+            raise SnapshotInvalid("bad_order", "stream IDs not ascending")
+        last[entry.stream] = entry.order
+        counts[entry.stream] += 1
+        entries.append(entry)
+    if counts["inbound"] > MAX_INBOUND or counts["outbound"] > MAX_OUTBOUND:
+        raise SnapshotInvalid("oversized", "more entries than a backlog holds")
+    if payload and not payload.endswith(b"\n"):
+        raise SnapshotInvalid("truncated", "the last line is cut")
+    return entries
+
+
+def _last_id(client: redis.Redis, key: str) -> tuple[int, int]:
+    """The stream's last generated ID ((0, 0) when it does not exist)."""
+    try:
+        info = client.xinfo_stream(key)
+    except redis.ResponseError:  # no such key
+        return (0, 0)
+    raw = info["last-generated-id"]
+    parsed = parse_id(raw.decode("ascii") if isinstance(raw, bytes) else str(raw))
+    return parsed or (0, 0)
+
+
+def restore(
+    client: redis.Redis,
+    directory: SnapshotDirectory,
+    service: ServiceKeys,
+    *,
+    max_value_bytes: int,
+    now_ms: int,
+    redactor: Redactor = DEFAULT_REDACTOR,
+) -> RestoreReport:
+    """Add a saved backlog's entries to the streams, then delete the file.
+
+    Call before the consumer group is created (it starts at ID 0: the restored
+    inbound entries are delivered). A file that fails a check goes to quarantine/
+    as `backlog.<now_ms>` and adds nothing. Raises SnapshotError when the file
+    cannot be verified (no key) and redis errors when the server fails: the file
+    then stays for the next start."""
+    report = RestoreReport()
+    with directory.locked():
+        path = directory.directory / BACKLOG_FILE
+        if not os.path.lexists(path):
+            return report
+        report.found = True
+        try:
+            entries = _read(directory, path, max_value_bytes, redactor)
+        except SnapshotInvalid as exc:
+            report.quarantined = exc.cause
+            if not directory.quarantine(path, f"{BACKLOG_FILE}.{now_ms}"):
+                # never input: it stays where it is and is refused again next time
+                log.error("the stream backlog could not be moved to quarantine")
+            return report
+        keys = {"inbound": service.inbound, "outbound": service.outbound}
+        for stream, key in keys.items():
+            last = _last_id(client, key)
+            todo = [e for e in entries if e.stream == stream and e.order > last]
+            report.skipped += sum(1 for e in entries if e.stream == stream) - len(todo)
+            for start in range(0, len(todo), PAGE):
+                pipe = client.pipeline(transaction=False)
+                for entry in todo[start : start + PAGE]:
+                    pipe.xadd(key, dict(entry.fields), id=entry.id)  # type: ignore[arg-type]
+                for result in pipe.execute(raise_on_error=False):
+                    if isinstance(result, redis.ResponseError):
+                        report.skipped += 1  # someone added a newer entry meanwhile
+                    elif stream == "inbound":
+                        report.inbound += 1
+                    else:
+                        report.outbound += 1
+        path.unlink()
+        _fsync_directory(directory.directory, directory.posix)
+    return report

@@ -1,0 +1,225 @@
+"""gridmem/backlog.py: the private Valkey's stream backlog, saved to disk and added back.
+
+Against a real server (XADD at explicit IDs and XINFO STREAM as Valkey does them).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+from gridmem import backlog
+from gridmem.config import Limits
+from gridmem.keys import KeySpace
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.snapshots import HEADER_SIZE, SnapshotDirectory
+from tests.helpers import avatar
+
+pytestmark = pytest.mark.real
+
+SERVICE = KeySpace("gm", 1).service()
+PASSWORD = "password=Hunter2Hunter2Zq9"
+API_KEY = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2
+MAX = Limits().max_input_bytes
+
+
+def _directory(tmp_path: Path) -> SnapshotDirectory:
+    return SnapshotDirectory(tmp_path / "conversations", Limits(), DEFAULT_REDACTOR)
+
+
+def _fill(client: redis_py.Redis) -> tuple[list[str], list[str]]:
+    inbound = [
+        client.xadd(
+            SERVICE.inbound,
+            {
+                "avatar_uuid": avatar(n),
+                "channel": "im",
+                "text": f"hi {n}, my {PASSWORD} and {API_KEY}",
+                "avatar_name": f"Ann {API_KEY}",
+            },
+        ).decode()
+        for n in range(5)
+    ]
+    outbound = [
+        client.xadd(
+            SERVICE.outbound,
+            {
+                "avatar_uuid": avatar(n),
+                "channel": "im",
+                "text": f"hello {n}",
+                "in_reply_to": "1-1",
+                "session_id": "ab" * 16,
+            },
+        ).decode()
+        for n in range(3)
+    ]
+    return inbound, outbound
+
+
+def _save(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.SaveReport:
+    return backlog.save(client, directory, SERVICE, created_ms=1)
+
+
+def _restore(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.RestoreReport:
+    return backlog.restore(client, directory, SERVICE, max_value_bytes=MAX, now_ms=7)
+
+
+def _ids(client: redis_py.Redis, key: str) -> list[str]:
+    return [entry_id.decode() for entry_id, _ in client.xrange(key)]
+
+
+def test_round_trip_keeps_ids_redacts_and_deletes_the_file(
+    real_redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    directory = _directory(tmp_path)
+    inbound, outbound = _fill(real_redis)
+    saved = _save(real_redis, directory)
+    assert (saved.inbound, saved.outbound, saved.dropped) == (5, 3, 0)
+    path = directory.directory / backlog.BACKLOG_FILE
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    data = path.read_bytes()
+    for secret in ("Hunter2Hunter2Zq9", API_KEY, "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z"):
+        assert secret.encode() not in data
+    real_redis.flushall()  # the server stopped; a new one is empty
+    restored = _restore(real_redis, directory)
+    assert (restored.inbound, restored.outbound, restored.skipped) == (5, 3, 0)
+    assert restored.quarantined is None
+    assert _ids(real_redis, SERVICE.inbound) == inbound
+    assert _ids(real_redis, SERVICE.outbound) == outbound
+    _, fields = real_redis.xrange(SERVICE.inbound)[0]
+    assert fields[b"avatar_uuid"] == avatar(0).encode() and fields[b"channel"] == b"im"
+    assert fields[b"text"].startswith(b"hi 0, my ") and API_KEY.encode() not in fields[b"text"]
+    assert not path.exists()  # never replayed twice
+    assert _restore(real_redis, directory).found is False
+
+
+def test_restoring_into_a_stream_that_holds_them_adds_nothing(
+    real_redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    directory = _directory(tmp_path)
+    _fill(real_redis)
+    _save(real_redis, directory)
+    # one answered meanwhile: deleted, its ID below the stream's last one
+    first = real_redis.xrange(SERVICE.inbound)[0][0]
+    real_redis.xdel(SERVICE.inbound, first)
+    restored = _restore(real_redis, directory)
+    assert (restored.inbound, restored.outbound, restored.skipped) == (0, 0, 8)
+    assert real_redis.xlen(SERVICE.inbound) == 4 and real_redis.xlen(SERVICE.outbound) == 3
+
+
+@pytest.mark.parametrize("where", ["header", "payload", "last"])
+def test_a_tampered_byte_is_quarantined_and_adds_nothing(
+    real_redis: redis_py.Redis, tmp_path: Path, where: str
+) -> None:
+    directory = _directory(tmp_path)
+    _fill(real_redis)
+    _save(real_redis, directory)
+    path = directory.directory / backlog.BACKLOG_FILE
+    data = bytearray(path.read_bytes())
+    at = {"header": 20, "payload": HEADER_SIZE + 30, "last": len(data) - 2}[where]
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    real_redis.flushall()
+    restored = _restore(real_redis, directory)
+    assert restored.quarantined is not None
+    assert (restored.inbound, restored.outbound) == (0, 0)
+    assert real_redis.xlen(SERVICE.inbound) == 0 and real_redis.xlen(SERVICE.outbound) == 0
+    assert not path.exists()
+    assert (directory.directory / "quarantine" / "backlog.7").exists()
+
+
+@pytest.mark.parametrize("keep", [10, HEADER_SIZE + 40])
+def test_a_truncated_file_is_quarantined(
+    real_redis: redis_py.Redis, tmp_path: Path, keep: int
+) -> None:
+    directory = _directory(tmp_path)
+    _fill(real_redis)
+    _save(real_redis, directory)
+    path = directory.directory / backlog.BACKLOG_FILE
+    path.write_bytes(path.read_bytes()[:keep])
+    real_redis.flushall()
+    restored = _restore(real_redis, directory)
+    assert restored.quarantined == "truncated"
+    assert real_redis.xlen(SERVICE.inbound) == 0
+    assert (directory.directory / "quarantine" / "backlog.7").exists()
+
+
+def test_an_entry_that_is_not_utf8_or_has_unknown_fields_is_not_saved(
+    real_redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    directory = _directory(tmp_path)
+    real_redis.xadd(SERVICE.inbound, {"avatar_uuid": avatar(1), "channel": "im", "text": b"\xff"})
+    real_redis.xadd(SERVICE.inbound, {"avatar_uuid": avatar(1), "channel": "im", "txt": "typo"})
+    kept = real_redis.xadd(
+        SERVICE.inbound, {"avatar_uuid": avatar(2), "channel": "im", "text": "ok"}
+    )
+    saved = _save(real_redis, directory)
+    assert (saved.inbound, saved.dropped) == (1, 2)
+    real_redis.flushall()
+    _restore(real_redis, directory)
+    assert _ids(real_redis, SERVICE.inbound) == [kept.decode()]
+
+
+def test_empty_streams_leave_no_file(real_redis: redis_py.Redis, tmp_path: Path) -> None:
+    directory = _directory(tmp_path)
+    _fill(real_redis)
+    _save(real_redis, directory)
+    real_redis.flushall()
+    saved = _save(real_redis, directory)
+    assert saved.bytes == 0
+    assert not (directory.directory / backlog.BACKLOG_FILE).exists()
+
+
+def test_a_snapshot_key_from_elsewhere_is_refused(
+    real_redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    """A file signed by another installation (or re-signed by anything without this
+    key) never becomes input."""
+    directory = _directory(tmp_path)
+    _fill(real_redis)
+    _save(real_redis, directory)
+    (directory.directory / "snapshot.key").write_text("00" * 32)
+    real_redis.flushall()
+    restored = _restore(real_redis, directory)
+    assert restored.quarantined == "signature_mismatch"
+    assert real_redis.xlen(SERVICE.inbound) == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "cause"),
+    [
+        (b'{"stream":"inbound","id":"5-0","fields":{"txt":"typo"}}\n', "bad_field"),
+        (b'{"stream":"inbound","id":"0-0","fields":{"text":"hi"}}\n', "bad_id"),
+        (b'{"stream":"inbound","id":"5-x","fields":{"text":"hi"}}\n', "bad_id"),
+        (b'{"stream":"dead","id":"5-0","fields":{"text":"hi"}}\n', "bad_entry"),
+        (b'{"stream":"inbound","id":"5-0","fields":{"text":7}}\n', "bad_field"),
+        (b'{"stream":"outbound","id":"5-0","fields":{"text":"hi"}}\n', "bad_field"),
+        (b"not json\n", "bad_line"),
+        (
+            b'{"stream":"inbound","id":"5-0","fields":{"text":"' + PASSWORD.encode() + b'"}}\n',
+            "unredacted_secret",
+        ),
+        (
+            b'{"stream":"inbound","id":"5-0","fields":{"text":"a"}}\n'
+            b'{"stream":"inbound","id":"4-0","fields":{"text":"b"}}\n',
+            "bad_order",
+        ),
+    ],
+)
+def test_a_signed_file_with_an_entry_the_streams_do_not_have_adds_nothing(
+    real_redis: redis_py.Redis, tmp_path: Path, line: bytes, cause: str
+) -> None:
+    """Signed with this installation's key, but not what save() writes: every entry
+    is checked before any is added, and the whole file goes to quarantine."""
+    directory = _directory(tmp_path)
+    directory.prepare()
+    good = b'{"stream":"inbound","id":"1-0","fields":{"text":"fine"}}\n'
+    path = directory.directory / backlog.BACKLOG_FILE
+    backlog._write(directory, path, [good, line], 1)
+    restored = _restore(real_redis, directory)
+    assert restored.quarantined == cause
+    assert real_redis.xlen(SERVICE.inbound) == 0 and real_redis.xlen(SERVICE.outbound) == 0
