@@ -34,6 +34,7 @@ index member for expiry/eviction victims; SESSION_PARTS must match it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import zlib
 from dataclasses import dataclass
@@ -45,7 +46,19 @@ SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
 
 def session_member(avatar_uuid: str, channel: Channel) -> str:
     """The index member naming one session: `<uuid>:<channel>` (sorts by UUID, then channel)."""
-    return f"{avatar_uuid}:{channel.value}"
+    return _member(avatar_uuid, channel.value)
+
+
+def _member(avatar_uuid: str, channel: str) -> str:
+    return f"{avatar_uuid}:{channel}"
+
+
+# The placeholders of the published key templates (KeySpace.templates): bin/gridmem-cli
+# puts an avatar's UUID and a channel in their place, and builds no key name itself.
+UUID_SLOT, CHANNEL_SLOT = "<uuid>", "<channel>"
+# Published template fields are named `key_<name>`: the shard's keys (ShardKeys' fields),
+# a session's keys (SESSION_PARTS) and the index member naming a session.
+TEMPLATE_FIELD = "key_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +143,28 @@ class KeySpace:
 
     def _session(self, avatar_uuid: str, channel: Channel) -> tuple[SessionKeys, ShardKeys]:
         shard = self.shard_of(avatar_uuid)
-        member = session_member(avatar_uuid, channel)
+        return self._session_keys(shard, session_member(avatar_uuid, channel)), self._shard_keys[
+            shard
+        ]
+
+    def _session_keys(self, shard: int, member: str) -> SessionKeys:
         base = f"{self.prefix(shard)}s:{member}:"
-        keys = SessionKeys(member, *(base + part for part in SESSION_PARTS))
-        return keys, self._shard_keys[shard]
+        return SessionKeys(member, *(base + part for part in SESSION_PARTS))
+
+    def templates(self, shard: int) -> dict[str, str]:
+        """Every key name of one shard, as `key_<name>` -> template, for bin/gridmem-cli.
+
+        Built by the same code as the keys themselves; a session's templates hold
+        UUID_SLOT and CHANNEL_SLOT where its avatar's UUID and channel go.
+        """
+        session = self._session_keys(shard, _member(UUID_SLOT, CHANNEL_SLOT))
+        names = {
+            f.name: getattr(self._shard_keys[shard], f.name)
+            for f in dataclasses.fields(ShardKeys)
+            if f.name != "shard"
+        }
+        names |= {f.name: getattr(session, f.name) for f in dataclasses.fields(SessionKeys)}
+        return {TEMPLATE_FIELD + name: value for name, value in names.items()}
 
     def service(self) -> ServiceKeys:
         """The worker service's streams and bookkeeping (outside the session shards)."""

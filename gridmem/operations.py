@@ -308,7 +308,9 @@ class Operations:
         published_at = self._now().mono if now_mono is None else now_mono
         limits = self.config.limits.model_dump()
         for shard in self.keys.all_shards():
-            yield self.scripts.publish_limits(shard, {**limits, **self._shard_bounds(shard)})
+            # and its key names (templates): the CLI builds none of its own
+            published = {**limits, **self._shard_bounds(shard), **self.keys.templates(shard.shard)}
+            yield self.scripts.publish_limits(shard, published)
         prefixes = [self.keys.prefix(n) for n in range(self.keys.shards)]
         yield self.scripts.publish_layout(
             self.keys.layout, namespace=self.keys.namespace, prefixes=prefixes

@@ -675,7 +675,7 @@ class Scripts:
             _parse_stats,
         )
 
-    def publish_limits(self, shard: ShardKeys, limits: dict[str, int]) -> ScriptCall[int]:
+    def publish_limits(self, shard: ShardKeys, limits: dict[str, int | str]) -> ScriptCall[int]:
         pairs = [str(x) for kv in sorted(limits.items()) for x in kv]
         return self._call("publish_limits", (shard.limits,), pairs, int)
 

@@ -823,3 +823,81 @@ def test_it_says_which_server_it_talks_to(
     assert from_env.stderr == (
         f"gridmem-cli: server: unix socket {server.socket_path} ($GRIDMEM_REDIS__URL)\n"
     )
+
+
+# -- key names only from the published templates (issue 14 item 5) ----------------------
+
+
+def _ops_store(server: EmbeddedValkey) -> tuple[ConversationStore, dict[int, list[str]]]:
+    """A 3-shard store in namespace 'ops' (not the default) with IM sessions in every shard."""
+    store = ConversationStore(server.client(), ConversationConfig(namespace="ops", shards=3))
+    for who in PEOPLE[:12]:
+        store.record(who, "im", AvatarMessage(text=f"{MARK} of {who}"))
+    by_shard = _avatars_by_shard(server, _published_prefixes(server, "ops"))
+    assert sorted(by_shard) == [0, 1, 2]
+    return store, by_shard
+
+
+def test_the_cli_follows_the_key_templates_the_store_published(
+    server: EmbeddedValkey, client_binary: str
+) -> None:
+    store, by_shard = _ops_store(server)
+    client = server.client()
+    ops = ("--namespace", "ops")
+    who = by_shard[1][0]
+    shown = gm(server, client_binary, *ops, "transcript", who, "im", "--show-content")
+    assert shown.returncode == 0 and f"{MARK} of {who}" in shown.stdout, shown.stderr
+    # Given the session's transcript moved to a key name the CLI cannot guess
+    moved = f"ops:{{1}}:elsewhere:{who}:im:turns"
+    client.rename(f"ops:{{1}}:s:{who}:im:turns", moved)
+    lost = gm(server, client_binary, *ops, "transcript", who, "im", "--show-content")
+    assert lost.returncode == 0 and MARK not in lost.stdout, lost.stderr
+    # When shard 1 publishes that template, the CLI reads the transcript there
+    client.hset("ops:{1}:limits", "key_turns", "ops:{1}:elsewhere:<uuid>:<channel>:turns")
+    found = gm(server, client_binary, *ops, "transcript", who, "im", "--show-content")
+    assert found.returncode == 0 and f"{MARK} of {who}" in found.stdout, found.stderr
+    # and deletes it there, whole
+    deleted = gm(server, client_binary, *ops, "delete", who, "im")
+    assert deleted.returncode == 0 and "deleted the im session" in deleted.stdout
+    assert not client.exists(moved) and store.context(who, "im") == []
+    # An event stream under another published name is the one `events` reads
+    client.xadd("ops:{2}:other-events", {"reason": "expired_operator", "uuid": by_shard[2][0]})
+    client.hset("ops:{2}:limits", "key_events", "ops:{2}:other-events")
+    events = json.loads(gm(server, client_binary, *ops, "--json", "events", "--count", "50").stdout)
+    assert [e["avatar_uuid"] for e in events if e["shard"] == 2] == [by_shard[2][0]]
+    assert {e["shard"] for e in events} == {1, 2}  # shard 1's delete, shard 2's planted one
+
+
+def test_a_missing_template_is_a_clear_error(server: EmbeddedValkey, client_binary: str) -> None:
+    _, by_shard = _ops_store(server)
+    server.client().hdel("ops:{0}:limits", "key_meta")
+    done = gm(server, client_binary, "--namespace", "ops", "delete", by_shard[0][0], "im")
+    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "gridmem-cli: store 'ops' has published no key name 'meta' for shard 0: "
+        "run its store or service (this version) once"
+    ]
+    assert server.client().exists(f"ops:{{0}}:s:{by_shard[0][0]}:im:meta")  # nothing deleted
+
+
+def test_the_script_builds_no_key_name_and_uses_no_gnu_date() -> None:
+    script = CLI.read_text()
+    assert "%3N" not in script and "date +" not in script
+    assert (
+        ":s:" not in script
+        and "lru:" not in script
+        and "}limits" not in script.replace('"${prefix}limits"', "")
+    )  # the one name it builds: where a shard's published limits hash is
+
+
+def test_it_needs_bash_5_and_says_so(tmp_path: Path) -> None:
+    assert (
+        "bash 5.0 or newer"
+        in subprocess.run([str(CLI), "--help"], capture_output=True, text=True, check=True).stdout
+    )
+    assert "bash 5.0 or newer" in (ROOT / "docs" / "operations.md").read_text()
+    shell = shutil.which("dash") or shutil.which("sh")
+    assert shell is not None
+    done = subprocess.run([shell, str(CLI), "stats"], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("gridmem-cli: needs bash 5.0 or newer (this is not bash)")

@@ -174,3 +174,33 @@ def test_publish_layout_writes_only_its_namespace_layout(redis: Any, key: str) -
         except redis_py.ResponseError as exc:
             raise translate(exc) from None
     assert redis.keys("*") == []
+
+
+def test_every_shard_publishes_its_key_names_as_templates(make_store: Any, redis: Any) -> None:
+    """bin/gridmem-cli builds no key name: each shard's limits hash carries them."""
+    from gridmem.keys import KeySpace
+
+    store = make_store(ConversationConfig(namespace="pub", shards=3))
+    store.record(avatar(1), "im", AvatarMessage(text="hi"))
+    space = KeySpace("pub", 3)
+    shard = space.shard_of(avatar(1))
+    for n in range(3):
+        published = _decoded(redis.hgetall(f"pub:{{{n}}}:limits"))
+        templates = {k: v for k, v in published.items() if k.startswith("key_")}
+        assert templates == space.templates(n)
+    # filled in, they name the keys the store wrote
+    published = _decoded(redis.hgetall(f"pub:{{{shard}}}:limits"))
+    filled = published["key_meta"].replace("<uuid>", avatar(1)).replace("<channel>", "im")
+    assert redis.exists(filled) and redis.exists(published["key_lru_im"])
+    assert published["key_member"].replace("<uuid>", "u").replace("<channel>", "im") == "u:im"
+
+
+def test_publish_limits_refuses_a_key_name_with_a_space(redis: Any) -> None:
+    with pytest.raises(BadScriptArgument, match=r"GM_BADARG key_meta$"):
+        try:
+            redis.eval(
+                SCRIPTS["publish_limits"].source, 1, "gm:{0}:limits", "key_meta", "gm:{0}: meta"
+            )
+        except redis_py.ResponseError as exc:
+            raise translate(exc) from None
+    assert redis.keys("*") == []
