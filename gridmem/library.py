@@ -10,11 +10,11 @@ server time per call (docs/benchmarks.md). Each script also stays a standalone
 source (prelude + lib.lua + script) for EVAL, which the Lua tests use.
 
 The prelude is the one place the Lua side gets a value Python also uses: TTLs,
-session key parts, the limits packet's field order, the clock table's bounds and
-the record kinds' codes and summary heads, each written from the Python constant
-(`prelude()`). lib.lua defines none of them. bin/gridmem-cli, a bash script that
-may run where gridmem is not importable, reads the same prelude from
-lua/generated/prelude.lua, which `python -m gridmem.library` writes and
+session key parts, the limits packet's field order, the clock table's bounds, the
+UUID and session ID patterns, and the record kinds' codes and summary heads, each
+written from the Python constant (`prelude()`). lib.lua defines none of them.
+bin/gridmem-cli, a bash script that may run where gridmem is not importable,
+reads the same prelude from lua/generated/prelude.lua, which `python -m gridmem.library` writes and
 tests/test_lua_scripts.py checks is `prelude()`, byte for byte.
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gridmem.clock import MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS
 from gridmem.config import LIMIT_FIELDS
+from gridmem.ids import SESSION_ID_LUA, UUID_LUA
 from gridmem.keys import SESSION_PARTS
 from gridmem.kinds import KINDS
 from gridmem.records import CHANNEL_TTL_MS
@@ -106,6 +107,8 @@ def prelude() -> str:
         ("LIMIT_FIELDS", "record_turn's limits packet, in order (gridmem/config.py)", LIMIT_FIELDS),
         ("MAX_BOOT_ID_CHARS", "longest boot id (gridmem/clock.py)", MAX_BOOT_ID_CHARS),
         ("MAX_CLOCK_BOOTS", "boots a clock hash keeps (gridmem/clock.py)", MAX_CLOCK_BOOTS),
+        ("UUID_BODY", "a canonical UUID, unanchored (gridmem/ids.py)", UUID_LUA),
+        ("SESSION_ID_BODY", "a session ID, unanchored (gridmem/ids.py)", SESSION_ID_LUA),
         ("KIND_CODE", "record kind -> payload code (gridmem/kinds.py)", kinds),
         ("KIND_HEAD", "payload code -> summary head parts (gridmem/kinds.py)", heads),
     ]

@@ -14,16 +14,12 @@
 -- MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS, KIND_CODE, KIND_HEAD) are not written here:
 -- gridmem/library.py generates them into a prelude that precedes this file.
 
--- Spelled with `..` alone: a function library's load-time code cannot reach the
--- string library (FUNCTION LOAD refuses it).
-local H = '[0-9a-f]'
-local H4 = H .. H .. H .. H
-local UUID_BODY = H4 .. H4 .. '%-' .. H4 .. '%-' .. H4 .. '%-' .. H4 .. '%-' .. H4 .. H4 .. H4
+-- UUID_BODY and SESSION_ID_BODY come from the prelude (gridmem/ids.py).
 -- A canonical (lowercase) avatar UUID, and a session member '<uuid>:<channel>'.
 local UUID_PATTERN = '^' .. UUID_BODY .. '$'
 local MEMBER_PATTERN = '^(' .. UUID_BODY .. '):(%l+)$'
 -- A session ID: 128 bits as 32 lowercase hex digits.
-local SESSION_ID_PATTERN = '^' .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. '$'
+local SESSION_ID_PATTERN = '^' .. SESSION_ID_BODY .. '$'
 
 -- ---------------------------------------------------------------- arguments
 

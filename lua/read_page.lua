@@ -1,8 +1,8 @@
 -- read_page: one chronological page of a session's transcript, for operators.
--- Read-only; never used by read_context. Pages run over the archive (opt-in:
--- records folded out of the live context) and the live transcript as one
--- sequence, anchored on sequence numbers (exclusive), so a page never repeats a
--- record and a walk sees each exactly once.
+-- Read-only; not part of context() (gridmem/reads.py, lua/read_context.lua).
+-- Pages run over the archive (opt-in: records folded out of the live context)
+-- and the live transcript as one sequence, anchored on sequence numbers
+-- (exclusive), so a page never repeats a record and a walk sees each exactly once.
 -- KEYS[1] = gm:{shard}:s:<uuid>:<ch>:meta     (hash)  session metadata
 -- KEYS[2] = gm:{shard}:s:<uuid>:<ch>:turns    (zset)  live records, score = seq
 -- KEYS[3] = gm:{shard}:s:<uuid>:<ch>:archive  (zset)  archived records, score = seq

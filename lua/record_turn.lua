@@ -32,7 +32,7 @@
 -- ARGV[8]  = redactions (integer >= 0), kept for a repeated receipt
 -- ARGV[9]  = truncated (0|1), kept for a repeated receipt
 -- ARGV[10] = max_events (exact MAXLEN of the event stream)
--- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (lib.lua);
+-- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (prelude);
 --            sweep_batch = most other expired sessions this call ends (0: none)
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
 -- Flags:   none (writes: refused whole while the server is out of memory)

@@ -10,6 +10,10 @@ local LIMIT_FIELDS = { 'max_turns', 'low_turns', 'max_session_bytes', 'low_sessi
 local MAX_BOOT_ID_CHARS = 128
 -- boots a clock hash keeps (gridmem/clock.py)
 local MAX_CLOCK_BOOTS = 64
+-- a canonical UUID, unanchored (gridmem/ids.py)
+local UUID_BODY = '[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]%-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]%-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]%-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]%-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]'
+-- a session ID, unanchored (gridmem/ids.py)
+local SESSION_ID_BODY = '[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]'
 -- record kind -> payload code (gridmem/kinds.py)
 local KIND_CODE = { avatar_message = 'a', agent_reply = 'r', tool_summary = 't', action_result = 'x' }
 -- payload code -> summary head parts (gridmem/kinds.py)
