@@ -14,25 +14,17 @@ member unique. Python is the only writer of payloads and the only reader of entr
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from gridmem.errors import CorruptRecord
+from gridmem.kinds import KINDS
 from gridmem.records import RecordKind
 
-KIND_CODE: dict[RecordKind, str] = {
-    "avatar_message": "a",
-    "agent_reply": "r",
-    "tool_summary": "t",
-    "action_result": "x",
-}
+# The payload code and fields of each kind (gridmem/kinds.py, the one table of them).
+KIND_CODE: dict[RecordKind, str] = {cast(RecordKind, k.name): k.code for k in KINDS}
 CODE_KIND: dict[str, RecordKind] = {code: kind for kind, code in KIND_CODE.items()}
 # The payload's fields after the kind code, by kind: the record models' field names.
-FIELD_NAMES: dict[RecordKind, tuple[str, ...]] = {
-    "avatar_message": ("text",),
-    "agent_reply": ("text",),
-    "tool_summary": ("tool", "summary"),
-    "action_result": ("action", "status", "detail"),
-}
+FIELD_NAMES: dict[RecordKind, tuple[str, ...]] = {cast(RecordKind, k.name): k.fields for k in KINDS}
 _FIELD_COUNT = {KIND_CODE[kind]: len(names) for kind, names in FIELD_NAMES.items()}
 
 

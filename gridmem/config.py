@@ -64,6 +64,36 @@ RECORD_OVERHEAD_BYTES = 1024
 # summary_line gets it in the limits packet). The longest head ("- tool <64-char
 # name> (untrusted): ") is 85 bytes, so a line always has room for its head.
 SUMMARY_LINE_BYTES = 240
+
+# The limits packet record_turn reads, in order (gridmem/scripts.py limits_packet;
+# the Lua side reads this order from the generated prelude, gridmem/library.py).
+LIMIT_FIELDS: tuple[str, ...] = (
+    "max_turns",
+    "low_turns",
+    "max_session_bytes",
+    "low_session_bytes",
+    "max_tools",
+    "low_tools",
+    "max_summary_bytes",
+    "summary_line_bytes",
+    "max_sessions",
+    "max_aggregate_bytes",
+    "max_evictions",
+    "archive",
+    "max_archive_segments",
+    "max_archive_bytes",
+    "sweep_batch",
+)
+# Compaction folds a session down to this share of each bound, so it runs once
+# every quarter-bound of turns rather than on every turn.
+LOW_WATER = 0.75
+# Sessions one record_turn call may end to get back under the shard's bounds.
+MAX_EVICTIONS_PER_CALL = 1000
+# Other sessions idle past their TTL that one record_turn call expires (lib.lua
+# expire_idle), so a store nobody sweeps still frees expired chat as it is written
+# to. More than one: a write opens at most one session, so expired ones drain
+# faster than they come. Few: each victim costs the write seven more commands.
+WRITE_SWEEP_BATCH = 4
 # The smallest bound on a stored text: a cut text keeps its " [truncated]" marker
 # (12 bytes) and some words, and gridmem/prepare.py WITHHELD always fits.
 MIN_TEXT_BYTES = 32

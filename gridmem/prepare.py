@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from gridmem.codec import encode_payload
 from gridmem.config import SUMMARY_LINE_BYTES, Limits
 from gridmem.errors import InputTooLarge, InvalidInput, InvalidRecord
+from gridmem.kinds import BY_NAME
 from gridmem.records import ActionResult, AgentReply, AvatarMessage, Record, ToolSummary
 from gridmem.redaction import Redactor
 
@@ -36,23 +37,24 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _STABLE_ROUNDS = 4
 
 # -- the summary line a record folds into --------------------------------------------------
-# A copy of lua/lib.lua summary_line(), so the write path can check the line the
+# lua/lib.lua summary_line() in Python (both take their heads from gridmem/kinds.py),
+# so the write path can check the line the
 # summary will hold before the record is stored; tests/test_restore_roundtrip.py
 # compares the two on folded records. The heads are also what restore accepts
 # (gridmem/snapshots.py builds its summary-line pattern from them).
-AVATAR_HEAD = "- avatar (untrusted): "
-AGENT_HEAD = "- agent: "
+AVATAR_HEAD = BY_NAME["avatar_message"].summary_head()
+AGENT_HEAD = BY_NAME["agent_reply"].summary_head()
 FOLD_CUT_MARKER = " [...]"
 UNREADABLE_LINE = "- (unreadable record, untrusted)"
 _NEWLINES = re.compile("[\r\n]+")
 
 
 def tool_head(tool: str) -> str:
-    return f"- tool {tool} (untrusted): "
+    return BY_NAME["tool_summary"].summary_head(tool)
 
 
 def action_head(action: str, status: str) -> str:
-    return f"- action {action} {status}: "
+    return BY_NAME["action_result"].summary_head(action, status)
 
 
 def utf8_prefix(text: str, max_bytes: int) -> tuple[str, bool]:

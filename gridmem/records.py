@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gridmem.errors import InvalidRecord
+from gridmem.kinds import KINDS
 
 
 class Channel(StrEnum):
@@ -139,19 +140,9 @@ Record = AvatarMessage | AgentReply | ToolSummary | ActionResult
 RecordKind = Literal["avatar_message", "agent_reply", "tool_summary", "action_result"]
 RECORD_TYPES: tuple[type[_Record], ...] = (AvatarMessage, AgentReply, ToolSummary, ActionResult)
 
-# Who said it, and whether the words may be believed as instructions.
-KIND_ROLE: dict[str, str] = {
-    "avatar_message": "avatar",
-    "agent_reply": "agent",
-    "tool_summary": "tool",
-    "action_result": "agent",
-}
-KIND_UNTRUSTED: dict[str, bool] = {
-    "avatar_message": True,
-    "agent_reply": False,
-    "tool_summary": True,
-    "action_result": False,
-}
+# Who said it, and whether the words may be believed as instructions (gridmem/kinds.py).
+KIND_ROLE: dict[str, str] = {kind.name: kind.role for kind in KINDS}
+KIND_UNTRUSTED: dict[str, bool] = {kind.name: kind.untrusted for kind in KINDS}
 
 KIND_MODELS: dict[str, type[_Record]] = {
     str(cls.model_fields["kind"].default): cls for cls in RECORD_TYPES

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+from gridmem.ids import UUID_ANY_CASE
+
+UUID = UUID_ANY_CASE
 HEX32 = r"[0-9a-fA-F]{32}"
 # An optional scheme://host[:port] in front of a path, so the whole URL goes.
 URL_HEAD = r"(?:[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s/?#]+)?"

@@ -16,12 +16,13 @@ from __future__ import annotations
 import re
 
 from gridmem.errors import InvalidAvatarId, InvalidChannel, InvalidInput
+from gridmem.ids import UUID_ANY_CASE, UUID_CANONICAL
 from gridmem.records import Channel, channel_named
 
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_UUID = re.compile(UUID_ANY_CASE)
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _STREAM_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
-_MEMBER = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}:(public|im)")
+_MEMBER = re.compile(UUID_CANONICAL + r":(public|im)")
 _SHARD_NUMBER = re.compile(r"[0-9]{1,4}")
 
 PAGE_LIMIT_MAX = 200

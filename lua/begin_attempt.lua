@@ -20,14 +20,16 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's owner lease is named by mailbox_keys(), inside KEYS[1]'s hash tag.
 
-local member = arg_member('member', ARGV[1])
-local owner = arg_str('owner', ARGV[2], '^[%w%-_.:]+$')
-local id = arg_str('entry_id', ARGV[3], '^%d+%-%d+$')
-local token = arg_str('token', ARGV[4], '^[%w%-_.]+$')
+local args = new_args()
+
+local member = args:member('member', ARGV[1])
+local owner = args:str('owner', ARGV[2], '^[%w%-_.:]+$')
+local id = args:str('entry_id', ARGV[3], '^%d+%-%d+$')
+local token = args:str('token', ARGV[4], '^[%w%-_.]+$')
 local also, failed = '', ''
-if ARGV[5] ~= '' then also = arg_str('also', ARGV[5], '^[%w%-_.]+$') end
-if ARGV[6] ~= '' then failed = arg_str('failed', ARGV[6], '^[%w%-_.]+$') end
-local err = arg_error()
+if ARGV[5] ~= '' then also = args:str('also', ARGV[5], '^[%w%-_.]+$') end
+if ARGV[6] ~= '' then failed = args:str('failed', ARGV[6], '^[%w%-_.]+$') end
+local err = args:error()
 if err then return err end
 
 local _, owner_key = mailbox_keys(shard_prefix(KEYS[1]), member)

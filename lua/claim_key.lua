@@ -20,12 +20,14 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's mailbox and owner lease are named by mailbox_keys(), inside KEYS[1]'s hash tag.
 
-local member = arg_member('member', ARGV[1])
-local owner = arg_str('owner', ARGV[2], '^[%w%-_.:]+$')
-local lease = arg_int('lease_ms', ARGV[3], 1)
+local args = new_args()
+
+local member = args:member('member', ARGV[1])
+local owner = args:str('owner', ARGV[2], '^[%w%-_.:]+$')
+local lease = args:int('lease_ms', ARGV[3], 1)
 local also = ''
-if ARGV[4] ~= '' then also = arg_str('also', ARGV[4], '^[%w%-_.]+$') end
-local err = arg_error()
+if ARGV[4] ~= '' then also = args:str('also', ARGV[4], '^[%w%-_.]+$') end
+local err = args:error()
 if err then return err end
 
 local mailbox, owner_key = mailbox_keys(shard_prefix(KEYS[1]), member)

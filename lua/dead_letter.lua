@@ -9,15 +9,17 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local id = arg_str('entry_id', ARGV[1], '^%d+%-%d+$')
-local reason = arg_str('reason', ARGV[2], '^[%l_]+$')
+local args = new_args()
+
+local id = args:str('entry_id', ARGV[1], '^%d+%-%d+$')
+local reason = args:str('reason', ARGV[2], '^[%l_]+$')
 local known = {
   bad_uuid = true, bad_channel = true, missing_field = true, missing_text = true, bad_text = true,
   oversized = true, unknown_field = true, gone = true, bad_encoding = true, poison = true,
 }
-if not known[reason] then bad_field = bad_field or 'reason' end
-local max_entries = arg_int('max_entries', ARGV[3], 1)
-local err = arg_error()
+if not known[reason] then args:fail('reason') end
+local max_entries = args:int('max_entries', ARGV[3], 1)
+local err = args:error()
 if err then return err end
 
 return redis.call('XADD', KEYS[1], 'MAXLEN', max_entries, '*', 'id', id, 'reason', reason)

@@ -19,13 +19,17 @@
 -- Flags:   allow-oom (it frees memory, so it must run when the server is full)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local wall = arg_int('now_wall', ARGV[1], 0)
-local member = arg_member('member', ARGV[2])
-local reason = arg_str('reason', ARGV[3], '^%l+_operator$')
-if reason ~= 'deleted_operator' and reason ~= 'expired_operator' then bad_field = bad_field or 'reason' end
-local max_events = arg_int('max_events', ARGV[4], 1)
-local err = arg_error()
+local args = new_args()
+
+local wall = args:int('now_wall', ARGV[1], 0)
+local member = args:member('member', ARGV[2])
+local reason = args:str('reason', ARGV[3], '^%l+_operator$')
+if reason ~= 'deleted_operator' and reason ~= 'expired_operator' then args:fail('reason') end
+local max_events = args:int('max_events', ARGV[4], 1)
+local err = args:error()
 if err then return err end
 
-local shard = shard_context(KEYS[6], KEYS[7], KEYS[8], KEYS[10], KEYS[9], max_events, wall)
+local shard = shard_context({
+  lru_public = KEYS[6], lru_im = KEYS[7], sessions = KEYS[8], events = KEYS[9], stats = KEYS[10],
+}, max_events, wall)
 return end_session(shard, { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }, member, reason)

@@ -7,8 +7,10 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local group = arg_str('group', ARGV[1], '^[%w%-_.:]+$')
-local err = arg_error()
+local args = new_args()
+
+local group = args:str('group', ARGV[1], '^[%w%-_.:]+$')
+local err = args:error()
 if err then return err end
 
 local ok = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[1], group, '0', 'MKSTREAM')

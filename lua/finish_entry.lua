@@ -23,14 +23,16 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's mailbox and owner lease are named by mailbox_keys(), inside KEYS[2]'s hash tag.
 
-local group = arg_str('group', ARGV[1], '^[%w%-_.:]+$')
-local id = arg_str('entry_id', ARGV[2], '^%d+%-%d+$')
+local args = new_args()
+
+local group = args:str('group', ARGV[1], '^[%w%-_.:]+$')
+local id = args:str('entry_id', ARGV[2], '^%d+%-%d+$')
 local member = ''
-if ARGV[3] ~= '' then member = arg_member('member', ARGV[3]) end
-local owner = arg_str('owner', ARGV[4], '^[%w%-_.:]+$')
-local lease = arg_int('lease_ms', ARGV[5], 1)
-local release = arg_int('release', ARGV[6], 0, 1)
-local err = arg_error()
+if ARGV[3] ~= '' then member = args:member('member', ARGV[3]) end
+local owner = args:str('owner', ARGV[4], '^[%w%-_.:]+$')
+local lease = args:int('lease_ms', ARGV[5], 1)
+local release = args:int('release', ARGV[6], 0, 1)
+local err = args:error()
 if err then return err end
 
 redis.call('XACK', KEYS[1], group, id)

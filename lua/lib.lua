@@ -3,95 +3,101 @@
 -- starts with this file (gridmem/scripts.py: FUNCTION LOAD once, then FCALL), so
 -- this file runs once per load, not once per call; bin/gridmem-cli and the Lua
 -- tests prepend it to a single script for EVAL instead. Either way everything
--- here is local to the scripts. State that must not outlive a call (bad_field)
--- is reset by each function's first line.
+-- here is local to the scripts. State that must not outlive a call (which
+-- argument was bad) is a value of the call: new_args().
 -- Nothing here touches a key the script was not given in KEYS, except
 -- session_keys(), which names an expiry/eviction victim (or a listed session)
 -- inside the same hash tag.
--- Errors: helpers never raise; arg_* remember the first bad field and the
--- script returns arg_error() before its first write.
+-- Errors: helpers never raise; a script's argument checker (new_args) remembers
+-- the first bad field and the script returns args:error() before its first write.
+-- The constants shared with Python (TTL_MS, SESSION_PARTS, LIMIT_FIELDS,
+-- MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS, KIND_CODE, KIND_HEAD) are not written here:
+-- gridmem/library.py generates them into a prelude that precedes this file.
 
--- Inactivity TTLs, exact (DESIGN section 4); gridmem/records.py CHANNEL_TTL_MS must agree.
-local TTL_MS = { public = 1800000, im = 86400000 }
--- Parts of a session, in the order of gridmem/keys.py SESSION_PARTS.
-local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
--- The limits packet of record_turn, in the order of gridmem/scripts.py LIMIT_FIELDS.
-local LIMIT_FIELDS = {
-  'max_turns', 'low_turns', 'max_session_bytes', 'low_session_bytes', 'max_tools', 'low_tools',
-  'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions',
-  'archive', 'max_archive_segments', 'max_archive_bytes', 'sweep_batch',
-}
--- Spelled with `..` alone: a function library's load-time code cannot reach the
--- string library (FUNCTION LOAD refuses it).
-local H = '[0-9a-f]'
-local H4 = H .. H .. H .. H
-local UUID_BODY = H4 .. H4 .. '%-' .. H4 .. '%-' .. H4 .. '%-' .. H4 .. '%-' .. H4 .. H4 .. H4
+-- UUID_BODY and SESSION_ID_BODY come from the prelude (gridmem/ids.py).
 -- A canonical (lowercase) avatar UUID, and a session member '<uuid>:<channel>'.
 local UUID_PATTERN = '^' .. UUID_BODY .. '$'
 local MEMBER_PATTERN = '^(' .. UUID_BODY .. '):(%l+)$'
 -- A session ID: 128 bits as 32 lowercase hex digits.
-local SESSION_ID_PATTERN = '^' .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. H4 .. '$'
+local SESSION_ID_PATTERN = '^' .. SESSION_ID_BODY .. '$'
 
 -- ---------------------------------------------------------------- arguments
 
-local bad_field = nil
+-- Every script reads its arguments through one checker of its own call:
+--   local args = new_args()
+--   local n = args:int('name', ARGV[i], lo, hi)   ... args:str, args:member, args:limits, args:clock
+--   local err = args:error(); if err then return err end
+-- A checker remembers the first bad field (args:fail(name) names one by hand);
+-- being a value of the call, nothing of it outlives the call (a function library
+-- keeps its file-level locals from one call to the next).
+local Args = {}
+Args.__index = Args
 
-local function arg_int(name, raw, lo, hi)
+local function new_args()
+  return setmetatable({ bad = nil }, Args)
+end
+
+function Args:fail(name)
+  self.bad = self.bad or name
+end
+
+function Args:int(name, raw, lo, hi)
   local n = tonumber(raw)
   if n == nil or n ~= math.floor(n) or n < lo or (hi ~= nil and n > hi) then
-    bad_field = bad_field or name
+    self:fail(name)
     return lo
   end
   return n
 end
 
-local function arg_str(name, raw, pattern)
+function Args:str(name, raw, pattern)
   if raw == nil or string.match(raw, pattern) == nil then
-    bad_field = bad_field or name
+    self:fail(name)
     return ''
   end
   return raw
 end
 
 -- A session member '<uuid>:<channel>'; returns member, uuid, channel.
-local function arg_member(name, raw)
+function Args:member(name, raw)
   local uuid, channel = string.match(raw or '', MEMBER_PATTERN)
   if uuid == nil or TTL_MS[channel] == nil then
-    bad_field = bad_field or name
+    self:fail(name)
     return '', '', 'public'
   end
   return raw, uuid, channel
 end
 
--- The limits packet: comma-separated integers >= 0, LIMIT_FIELDS in order.
-local function arg_limits(name, raw)
+-- The limits packet: comma-separated integers >= 0, LIMIT_FIELDS (prelude) in order.
+function Args:limits(name, raw)
   local limits, i = {}, 0
   for part in string.gmatch(raw or '', '[^,]+') do
     i = i + 1
     if LIMIT_FIELDS[i] == nil then break end
-    limits[LIMIT_FIELDS[i]] = arg_int(name .. '.' .. LIMIT_FIELDS[i], part, 0)
+    limits[LIMIT_FIELDS[i]] = self:int(name .. '.' .. LIMIT_FIELDS[i], part, 0)
   end
   if i ~= #LIMIT_FIELDS then
-    bad_field = bad_field or name
+    self:fail(name)
     for _, field in ipairs(LIMIT_FIELDS) do limits[field] = limits[field] or 0 end
   end
   return limits
 end
 
 -- Common ARGV prefix of time-aware scripts: now_mono, now_wall, boot_id.
--- A boot id names hash fields of the clock (lib.lua store_now), so it is short.
-local MAX_BOOT_ID_CHARS = 128 -- gridmem/reads.py check_clock must agree
-local function arg_clock(a1, a2, a3)
-  local mono = arg_int('now_mono', a1, 0)
-  local wall = arg_int('now_wall', a2, 0)
-  local boot = arg_str('boot_id', a3, '^[%w%-_.]+$')
-  if #boot > MAX_BOOT_ID_CHARS then bad_field = bad_field or 'boot_id' end
+-- A boot id names hash fields of the clock (store_now), so it is short
+-- (MAX_BOOT_ID_CHARS, prelude; gridmem/reads.py check_clock is the same rule).
+function Args:clock(a1, a2, a3)
+  local mono = self:int('now_mono', a1, 0)
+  local wall = self:int('now_wall', a2, 0)
+  local boot = self:str('boot_id', a3, '^[%w%-_.]+$')
+  if #boot > MAX_BOOT_ID_CHARS then self:fail('boot_id') end
   return mono, wall, boot
 end
 
-local function arg_error()
-  if bad_field then
-    return redis.error_reply('GM_BADARG ' .. bad_field)
+-- The reply for the first bad field, or nil: returned before the script's first write.
+function Args:error()
+  if self.bad then
+    return redis.error_reply('GM_BADARG ' .. self.bad)
   end
   return nil
 end
@@ -125,7 +131,7 @@ end
 -- Only the MAX_CLOCK_BOOTS most recently seen boots are kept; a boot forgotten
 -- and seen again is a new boot (its offset fixed again, from the epoch).
 -- gridmem/reads.py live_now is this rule, read-only, in Python: keep them equal.
-local MAX_CLOCK_BOOTS = 64 -- gridmem/clock.py MAX_CLOCK_BOOTS must agree
+-- MAX_CLOCK_BOOTS comes from the prelude (gridmem/clock.py).
 
 -- A stored clock field: a decimal integer, else nil (gridmem/reads.py clock_field).
 local function clock_field(v)
@@ -279,12 +285,15 @@ local function count_attempt(attempts, id, token, also, failed)
   return n, math.max(n - 1 - w, 0)
 end
 
--- The shard context every session-ending script builds from its KEYS and ARGV:
--- {lru = {public = key, im = key}, sessions, stats, events, max_events, wall}.
-local function shard_context(lru_public, lru_im, sessions, stats, events, max_events, wall)
+-- The shard context every session-ending script builds: {lru = {public, im},
+-- sessions, stats, events, max_events, wall, prefix}. `keys` names the shard's
+-- keys by field (lru_public, lru_im, sessions, events, stats), so no caller
+-- passes them in an order of its own.
+local function shard_context(keys, max_events, wall)
   return {
-    lru = { public = lru_public, im = lru_im }, sessions = sessions, stats = stats,
-    events = events, max_events = max_events, wall = wall, prefix = shard_prefix(sessions),
+    lru = { public = keys.lru_public, im = keys.lru_im }, sessions = keys.sessions,
+    stats = keys.stats, events = keys.events, max_events = max_events, wall = wall,
+    prefix = shard_prefix(keys.sessions),
   }
 end
 
@@ -367,12 +376,11 @@ local function summary_line(entry, line_bytes)
   local payload = string.match(entry, '^%d+|%d+|%x+|(.*)$')
   local ok, f = pcall(cjson.decode, payload or '')
   local head, text, is_tool = nil, '', false
-  if ok and type(f) == 'table' then
-    if f[1] == 'a' then head, text = '- avatar (untrusted): ', f[2]
-    elseif f[1] == 'r' then head, text = '- agent: ', f[2]
-    elseif f[1] == 't' then head, text, is_tool = '- tool ' .. tostring(f[2]) .. ' (untrusted): ', f[3], true
-    elseif f[1] == 'x' then head, text = '- action ' .. tostring(f[2]) .. ' ' .. tostring(f[3]) .. ': ', f[4]
-    end
+  local parts = ok and type(f) == 'table' and KIND_HEAD[f[1]]
+  if parts then -- head: parts[1] .. f[2] .. parts[2] .. ...; the next field is the text
+    head = parts[1]
+    for i = 2, #parts do head = head .. tostring(f[i]) .. parts[i] end
+    text, is_tool = f[#parts + 1], f[1] == KIND_CODE.tool_summary
   end
   if head == nil or type(text) ~= 'string' then
     return '- (unreadable record, untrusted)', false

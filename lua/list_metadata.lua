@@ -17,11 +17,13 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Reads each listed session's meta hash by name (session_keys), inside this shard's hash tag.
 
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
+local args = new_args()
+
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
 local after = ''
-if ARGV[4] ~= '' then after = arg_member('after', ARGV[4]) end
-local limit = arg_int('limit', ARGV[5], 1, 1000)
-local err = arg_error()
+if ARGV[4] ~= '' then after = args:member('after', ARGV[4]) end
+local limit = args:int('limit', ARGV[5], 1, 1000)
+local err = args:error()
 if err then return err end
 
 local start = '-'

@@ -7,9 +7,11 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
+local args = new_args()
+
 local generation = ''
-if ARGV[1] ~= '' then generation = arg_str('generation', ARGV[1], '^%d+$') end
-local err = arg_error()
+if ARGV[1] ~= '' then generation = args:str('generation', ARGV[1], '^%d+$') end
+local err = args:error()
 if err then return err end
 
 local before = redis.call('GET', KEYS[1]) or ''

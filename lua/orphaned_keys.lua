@@ -7,8 +7,10 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Owner leases are named by mailbox_keys(), inside KEYS[1]'s hash tag.
 
-local sample = arg_int('sample', ARGV[1], 1, 1000)
-local err = arg_error()
+local args = new_args()
+
+local sample = args:int('sample', ARGV[1], 1, 1000)
+local err = args:error()
 if err then return err end
 
 local prefix = shard_prefix(KEYS[1])

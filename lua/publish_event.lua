@@ -13,30 +13,32 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local wall = arg_int('now_wall', ARGV[1], 0)
-local reason = arg_str('reason', ARGV[2], '^[%l_]+$')
+local args = new_args()
+
+local wall = args:int('now_wall', ARGV[1], 0)
+local reason = args:str('reason', ARGV[2], '^[%l_]+$')
 local allowed = {
   snapshot_quarantined = true, snapshot_restored = true, permissions_not_verified = true,
   expired_inactivity = true,
 }
-if not allowed[reason] then bad_field = bad_field or 'reason' end
-local max_events = arg_int('max_events', ARGV[3], 1)
+if not allowed[reason] then args:fail('reason') end
+local max_events = args:int('max_events', ARGV[3], 1)
 local sid = ''
-if ARGV[4] ~= '' then sid = arg_str('session_id', ARGV[4], SESSION_ID_PATTERN) end
+if ARGV[4] ~= '' then sid = args:str('session_id', ARGV[4], SESSION_ID_PATTERN) end
 local member, uuid, channel = '', '', ''
-if ARGV[5] ~= '' then member, uuid, channel = arg_member('member', ARGV[5]) end
-if (#ARGV - 5) % 2 ~= 0 then bad_field = bad_field or 'detail' end
+if ARGV[5] ~= '' then member, uuid, channel = args:member('member', ARGV[5]) end
+if (#ARGV - 5) % 2 ~= 0 then args:fail('detail') end
 local detail = {}
 for i = 6, #ARGV, 2 do
-  local field = arg_str('detail', ARGV[i], '^[%l_]+$')
-  local value = arg_str('detail', ARGV[i + 1], '^[%w_.:%-]*$')
+  local field = args:str('detail', ARGV[i], '^[%l_]+$')
+  local value = args:str('detail', ARGV[i + 1], '^[%w_.:%-]*$')
   if field == 'reason' or field == 'at' or field == 'sid' or field == 'uuid' or field == 'ch' then
-    bad_field = bad_field or 'detail'
+    args:fail('detail')
   end
   detail[#detail + 1] = field
   detail[#detail + 1] = value
 end
-local err = arg_error()
+local err = args:error()
 if err then return err end
 
 redis.call('HINCRBY', KEYS[2], 'events:' .. reason, 1)

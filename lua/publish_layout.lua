@@ -10,21 +10,23 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument; "GM_BADARG key" when KEYS[1] is
 --          not '<namespace>:layout'
 
-local namespace = arg_str('namespace', ARGV[1], '^[%l%d_%-]+$')
-if #namespace > 32 then bad_field = bad_field or 'namespace' end
-if #ARGV < 2 then bad_field = bad_field or 'prefixes' end
+local args = new_args()
+
+local namespace = args:str('namespace', ARGV[1], '^[%l%d_%-]+$')
+if #namespace > 32 then args:fail('namespace') end
+if #ARGV < 2 then args:fail('prefixes') end
 local prefixes = {}
 for i = 2, #ARGV do
   -- the namespace, then one hash tag: a prefix can name no key outside its store
-  local prefix = arg_str('prefix', ARGV[i], '^[%l%d_%-]+:{[^{}%s]+}:$')
+  local prefix = args:str('prefix', ARGV[i], '^[%l%d_%-]+:{[^{}%s]+}:$')
   if string.sub(prefix, 1, #namespace + 1) ~= namespace .. ':' then
-    bad_field = bad_field or 'prefix'
+    args:fail('prefix')
   end
   prefixes[#prefixes + 1] = prefix
 end
 -- the layout lives inside its namespace, as every key does (DESIGN section 3)
-if KEYS[1] ~= namespace .. ':layout' then bad_field = bad_field or 'key' end
-local err = arg_error()
+if KEYS[1] ~= namespace .. ':layout' then args:fail('key') end
+local err = args:error()
 if err then return err end
 
 redis.call('HSET', KEYS[1], namespace, table.concat(prefixes, ' '))

@@ -11,16 +11,18 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-if #ARGV == 0 or #ARGV % 2 ~= 0 then bad_field = 'limits' end
+local args = new_args()
+
+if #ARGV == 0 or #ARGV % 2 ~= 0 then args:fail('limits') end
 for i = 1, #ARGV, 2 do
-  arg_str('limit', ARGV[i], '^[%l_]+$')
+  args:str('limit', ARGV[i], '^[%l_]+$')
   if string.sub(ARGV[i] or '', 1, 4) == 'key_' then
-    arg_str(ARGV[i], ARGV[i + 1], '^[%w_%-:{}<>]+$')
+    args:str(ARGV[i], ARGV[i + 1], '^[%w_%-:{}<>]+$')
   else
-    arg_int(ARGV[i] or 'limit', ARGV[i + 1], 0)
+    args:int(ARGV[i] or 'limit', ARGV[i + 1], 0)
   end
 end
-local err = arg_error()
+local err = args:error()
 if err then return err end
 
 redis.call('DEL', KEYS[1])

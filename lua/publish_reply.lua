@@ -10,14 +10,16 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local uuid = arg_str('avatar_uuid', ARGV[1], UUID_PATTERN)
-local channel = arg_str('channel', ARGV[2], '^%l+$')
-if TTL_MS[channel] == nil then bad_field = bad_field or 'channel' end
+local args = new_args()
+
+local uuid = args:str('avatar_uuid', ARGV[1], UUID_PATTERN)
+local channel = args:str('channel', ARGV[2], '^%l+$')
+if TTL_MS[channel] == nil then args:fail('channel') end
 local text = ARGV[3] or ''
-local in_reply_to = arg_str('in_reply_to', ARGV[4], '^%d+%-%d+$')
-local sid = arg_str('session_id', ARGV[5], SESSION_ID_PATTERN)
-local max_entries = arg_int('max_entries', ARGV[6], 1)
-local err = arg_error()
+local in_reply_to = args:str('in_reply_to', ARGV[4], '^%d+%-%d+$')
+local sid = args:str('session_id', ARGV[5], SESSION_ID_PATTERN)
+local max_entries = args:int('max_entries', ARGV[6], 1)
+local err = args:error()
 if err then return err end
 
 return redis.call('XADD', KEYS[1], 'MAXLEN', '~', max_entries, '*', 'avatar_uuid', uuid,

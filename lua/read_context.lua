@@ -17,11 +17,13 @@
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local member = arg_member('member', ARGV[1])
+local args = new_args()
+
+local member = args:member('member', ARGV[1])
 local fields = {}
-for i = 2, #ARGV do fields[#fields + 1] = arg_str('clock_field', ARGV[i], '^[%w_.:%-]+$') end
-if #fields < 1 or #fields > 8 then bad_field = bad_field or 'clock_field' end
-local err = arg_error()
+for i = 2, #ARGV do fields[#fields + 1] = args:str('clock_field', ARGV[i], '^[%w_.:%-]+$') end
+if #fields < 1 or #fields > 8 then args:fail('clock_field') end
+local err = args:error()
 if err then return err end
 
 return {

@@ -7,10 +7,12 @@
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
+local args = new_args()
+
 local after = ''
-if ARGV[1] ~= '' then after = arg_str('after', ARGV[1], '^%d+%-%d+$') end
-local count = arg_int('count', ARGV[2], 1, 10000)
-local err = arg_error()
+if ARGV[1] ~= '' then after = args:str('after', ARGV[1], '^%d+%-%d+$') end
+local count = args:int('count', ARGV[2], 1, 10000)
+local err = args:error()
 if err then return err end
 
 local start = '-'

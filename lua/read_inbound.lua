@@ -6,8 +6,10 @@
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local id = arg_str('entry_id', ARGV[1], '^%d+%-%d+$')
-local err = arg_error()
+local args = new_args()
+
+local id = args:str('entry_id', ARGV[1], '^%d+%-%d+$')
+local err = args:error()
 if err then return err end
 
 local found = redis.call('XRANGE', KEYS[1], id, id)

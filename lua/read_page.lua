@@ -1,8 +1,8 @@
 -- read_page: one chronological page of a session's transcript, for operators.
--- Read-only; never used by read_context. Pages run over the archive (opt-in:
--- records folded out of the live context) and the live transcript as one
--- sequence, anchored on sequence numbers (exclusive), so a page never repeats a
--- record and a walk sees each exactly once.
+-- Read-only; not part of context() (gridmem/reads.py, lua/read_context.lua).
+-- Pages run over the archive (opt-in: records folded out of the live context)
+-- and the live transcript as one sequence, anchored on sequence numbers
+-- (exclusive), so a page never repeats a record and a walk sees each exactly once.
 -- KEYS[1] = gm:{shard}:s:<uuid>:<ch>:meta     (hash)  session metadata
 -- KEYS[2] = gm:{shard}:s:<uuid>:<ch>:turns    (zset)  live records, score = seq
 -- KEYS[3] = gm:{shard}:s:<uuid>:<ch>:archive  (zset)  archived records, score = seq
@@ -19,14 +19,16 @@
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
-local member, _, channel = arg_member('member', ARGV[4])
+local args = new_args()
+
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
+local member, _, channel = args:member('member', ARGV[4])
 local anchor = nil
-if ARGV[5] ~= '' then anchor = arg_int('anchor', ARGV[5], 0) end
-local direction = arg_str('direction', ARGV[6], '^%l+$')
-if direction ~= 'backward' and direction ~= 'forward' then bad_field = bad_field or 'direction' end
-local limit = arg_int('limit', ARGV[7], 1, 200)
-local err = arg_error()
+if ARGV[5] ~= '' then anchor = args:int('anchor', ARGV[5], 0) end
+local direction = args:str('direction', ARGV[6], '^%l+$')
+if direction ~= 'backward' and direction ~= 'forward' then args:fail('direction') end
+local limit = args:int('limit', ARGV[7], 1, 200)
+local err = args:error()
 if err then return err end
 
 if not redis.call('HGET', KEYS[1], 'sid') then return { 0 } end

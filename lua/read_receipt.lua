@@ -14,10 +14,12 @@
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
-local member, _, channel = arg_member('member', ARGV[4])
-local key = arg_str('idempotency_key', ARGV[5], '^[%w%-_.:]+$')
-local err = arg_error()
+local args = new_args()
+
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
+local member, _, channel = args:member('member', ARGV[4])
+local key = args:str('idempotency_key', ARGV[5], '^[%w%-_.:]+$')
+local err = args:error()
 if err then return err end
 
 local sid = redis.call('HGET', KEYS[1], 'sid')

@@ -32,26 +32,30 @@
 -- ARGV[8]  = redactions (integer >= 0), kept for a repeated receipt
 -- ARGV[9]  = truncated (0|1), kept for a repeated receipt
 -- ARGV[10] = max_events (exact MAXLEN of the event stream)
--- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (lib.lua);
+-- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (prelude);
 --            sweep_batch = most other expired sessions this call ends (0: none)
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
 --          "GM_CORRUPT idem" when a stored receipt cannot be read
 
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
-local member, _, channel = arg_member('member', ARGV[4])
-local candidate = arg_str('session_id', ARGV[5], SESSION_ID_PATTERN)
-local payload = arg_str('payload', ARGV[6], '^%[')
-local idem = arg_str('idempotency_key', ARGV[7], '^[%w%-_.:]*$')
-local redactions = arg_int('redactions', ARGV[8], 0)
-local truncated = arg_int('truncated', ARGV[9], 0, 1)
-local max_events = arg_int('max_events', ARGV[10], 1)
-local limits = arg_limits('limits', ARGV[11])
-local err = arg_error()
+local args = new_args()
+
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
+local member, _, channel = args:member('member', ARGV[4])
+local candidate = args:str('session_id', ARGV[5], SESSION_ID_PATTERN)
+local payload = args:str('payload', ARGV[6], '^%[')
+local idem = args:str('idempotency_key', ARGV[7], '^[%w%-_.:]*$')
+local redactions = args:int('redactions', ARGV[8], 0)
+local truncated = args:int('truncated', ARGV[9], 0, 1)
+local max_events = args:int('max_events', ARGV[10], 1)
+local limits = args:limits('limits', ARGV[11])
+local err = args:error()
 if err then return err end
 
-local shard = shard_context(KEYS[6], KEYS[7], KEYS[8], KEYS[12], KEYS[11], max_events, wall)
+local shard = shard_context({
+  lru_public = KEYS[6], lru_im = KEYS[7], sessions = KEYS[8], events = KEYS[11], stats = KEYS[12],
+}, max_events, wall)
 local own = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }
 local now = store_now(KEYS[10], boot, mono, wall, true)
 

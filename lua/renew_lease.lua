@@ -8,10 +8,12 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's owner lease is named by mailbox_keys(), inside KEYS[1]'s hash tag.
 
-local member = arg_member('member', ARGV[1])
-local owner = arg_str('owner', ARGV[2], '^[%w%-_.:]+$')
-local lease = arg_int('lease_ms', ARGV[3], 1)
-local err = arg_error()
+local args = new_args()
+
+local member = args:member('member', ARGV[1])
+local owner = args:str('owner', ARGV[2], '^[%w%-_.:]+$')
+local lease = args:int('lease_ms', ARGV[3], 1)
+local err = args:error()
 if err then return err end
 
 local _, owner_key = mailbox_keys(shard_prefix(KEYS[1]), member)

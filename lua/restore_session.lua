@@ -38,23 +38,25 @@
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
 
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
-local member, _, channel = arg_member('member', ARGV[4])
-local sid = arg_str('session_id', ARGV[5], SESSION_ID_PATTERN)
-local created = arg_int('created_ms', ARGV[6], 0)
-local active = arg_int('active_ms', ARGV[7], 0)
-local age = arg_int('age_ms', ARGV[8], 0, TTL_MS[channel] - 1)
+local args = new_args()
+
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
+local member, _, channel = args:member('member', ARGV[4])
+local sid = args:str('session_id', ARGV[5], SESSION_ID_PATTERN)
+local created = args:int('created_ms', ARGV[6], 0)
+local active = args:int('active_ms', ARGV[7], 0)
+local age = args:int('age_ms', ARGV[8], 0, TTL_MS[channel] - 1)
 local summary = ARGV[9] or ''
-local max_events = arg_int('max_events', ARGV[10], 1)
-local limits = arg_limits('limits', ARGV[11])
-local receipts = arg_int('receipts', ARGV[12], 0, 100000)
-local segments_text = arg_str('segments', ARGV[13], '^[%d%-,]*$')
-local archived = arg_int('archive', ARGV[14], 0, 10000000)
+local max_events = args:int('max_events', ARGV[10], 1)
+local limits = args:limits('limits', ARGV[11])
+local receipts = args:int('receipts', ARGV[12], 0, 100000)
+local segments_text = args:str('segments', ARGV[13], '^[%d%-,]*$')
+local archived = args:int('archive', ARGV[14], 0, 10000000)
 local first_archived = 15 + 2 * receipts
 local first_record = first_archived + archived
 for i = 15, first_archived - 1, 2 do
-  arg_str('receipt_key', ARGV[i], '^[%w%-_.:]+$')
-  arg_str('receipt', ARGV[i + 1], '^%d+:[01]:%d+:[01]$')
+  args:str('receipt_key', ARGV[i], '^[%w%-_.:]+$')
+  args:str('receipt', ARGV[i + 1], '^%d+:[01]:%d+:[01]$')
 end
 
 -- {seq, entry, seq, entry, ...} of ARGV[from..to], checked; updates `previous`
@@ -65,7 +67,7 @@ local function entries(from, to, field)
     local seq, rsid, payload = string.match(ARGV[i], '^(%d+)|%d+|(%x+)|(%[.*)$')
     seq = tonumber(seq)
     if seq == nil or seq <= previous or rsid ~= sid then
-      bad_field = bad_field or field
+      args:fail(field)
       break
     end
     previous = seq
@@ -78,16 +80,18 @@ local function entries(from, to, field)
 end
 local archive, abytes = entries(first_archived, first_record - 1, 'archive')
 local records, turn_bytes, tools = entries(first_record, #ARGV, 'records')
-if #records == 0 then bad_field = bad_field or 'records' end
+if #records == 0 then args:fail('records') end
 local segments, covered = parse_segments(segments_text), 0
 for _, seg in ipairs(segments) do covered = covered + seg[3] end
-if covered ~= abytes then bad_field = bad_field or 'segments' end
-local err = arg_error()
+if covered ~= abytes then args:fail('segments') end
+local err = args:error()
 if err then return err end
 
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 
-local shard = shard_context(KEYS[6], KEYS[7], KEYS[8], KEYS[12], KEYS[11], max_events, wall)
+local shard = shard_context({
+  lru_public = KEYS[6], lru_im = KEYS[7], sessions = KEYS[8], events = KEYS[11], stats = KEYS[12],
+}, max_events, wall)
 local own = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }
 local now = store_now(KEYS[10], boot, mono, wall, true)
 

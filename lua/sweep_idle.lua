@@ -16,12 +16,16 @@
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Victims' keys are named by session_keys() inside this shard's hash tag.
 
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
-local batch = arg_int('batch', ARGV[4], 1, 1000)
-local max_events = arg_int('max_events', ARGV[5], 1)
-local err = arg_error()
+local args = new_args()
+
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
+local batch = args:int('batch', ARGV[4], 1, 1000)
+local max_events = args:int('max_events', ARGV[5], 1)
+local err = args:error()
 if err then return err end
 
-local shard = shard_context(KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[5], max_events, wall)
+local shard = shard_context({
+  lru_public = KEYS[1], lru_im = KEYS[2], sessions = KEYS[3], events = KEYS[5], stats = KEYS[6],
+}, max_events, wall)
 local now = store_now(KEYS[4], boot, mono, wall, true)
 return expire_idle(shard, now, batch)

@@ -24,10 +24,12 @@
 --          "GM_NOGROUP <group>" when the stream or the group is gone (the server lost its data)
 -- Mailboxes ({gm:inbound}:mbox:<member>, list) are named from the entries, inside the stream's hash tag.
 
-local group = arg_str('group', ARGV[1], '^[%w%-_.:]+$')
-local consumer = arg_str('consumer', ARGV[2], '^[%w%-_.:]+$')
-local count = arg_int('count', ARGV[3], 1, 1000)
-local err = arg_error()
+local args = new_args()
+
+local group = args:str('group', ARGV[1], '^[%w%-_.:]+$')
+local consumer = args:str('consumer', ARGV[2], '^[%w%-_.:]+$')
+local count = args:int('count', ARGV[3], 1, 1000)
+local err = args:error()
 if err then return err end
 
 local NIL_UUID = '00000000-0000-0000-0000-000000000000'

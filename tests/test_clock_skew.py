@@ -21,7 +21,6 @@ from gridmem import AvatarMessage, Channel, ConversationStore, ManualClock, Reas
 from gridmem.clock import DEFAULT_MANUAL_WALL_MS, MAX_CLOCK_BOOTS
 from gridmem.keys import KeySpace
 from gridmem.records import CHANNEL_TTL_MS
-from gridmem.scripts import lua_dir
 from tests.helpers import avatar
 
 A = avatar(1)
@@ -213,11 +212,6 @@ def test_an_older_versions_clock_is_taken_over(redis: redis_py.Redis) -> None:
     assert set(clock) == {b"epoch", b"last", b"wall", b"o:new", b"s:new"}
     # and the epoch it fixes is the one the old 'last' and 'wall' implied
     assert int(clock[b"epoch"]) == 50_000 - 10_000
-
-
-def test_the_boot_table_bound_matches_lua() -> None:
-    lib = (lua_dir() / "lib.lua").read_text()
-    assert f"local MAX_CLOCK_BOOTS = {MAX_CLOCK_BOOTS} " in lib
 
 
 D = 2_000  # the largest skew between a host's wall clock and the first writer's

@@ -45,14 +45,6 @@ def test_alive_one_ms_before_ttl_and_expired_at_ttl(
     assert [(e.session_id, e.detail["turns"]) for e in events] == [(first.session_id, 2)]
 
 
-def test_ttls_match_lua() -> None:
-    from gridmem.scripts import lua_dir
-
-    lib = (lua_dir() / "lib.lua").read_text()
-    assert f"public = {CHANNEL_TTL_MS[Channel.PUBLIC]}" in lib
-    assert f"im = {CHANNEL_TTL_MS[Channel.IM]}" in lib
-
-
 def test_reads_never_count_as_activity(store: ConversationStore, clock: ManualClock) -> None:
     store.record(A, "public", AvatarMessage(text="hello"))
     # Given reads every minute for the whole TTL

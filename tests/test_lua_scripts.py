@@ -404,14 +404,6 @@ def test_wrapper_keys_share_one_cluster_slot() -> None:
         assert len(tags) == 1, name
 
 
-def test_lib_session_parts_match_python() -> None:
-    from gridmem.keys import SESSION_PARTS
-
-    lib = (lua_dir() / "lib.lua").read_text()
-    parts = re.search(r"SESSION_PARTS = \{([^}]*)\}", lib).group(1)  # type: ignore[union-attr]
-    assert tuple(re.findall(r"'(\w+)'", parts)) == SESSION_PARTS
-
-
 def test_script_errors_map_to_one_class_each() -> None:
     from gridmem.errors import SCRIPT_ERRORS
 
@@ -597,3 +589,36 @@ def test_a_script_must_state_its_flags(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"read_stats\.lua: its header needs"):
         load_scripts(tmp_path)
+
+
+def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
+    """The constants Lua shares with Python come from the generated prelude alone: each
+    script's code starts with it, lib.lua defines none of them, the values Lua reads are
+    the Python ones, and bin/gridmem-cli's copy (lua/generated/prelude.lua) is it."""
+    import json
+
+    from gridmem.clock import MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS
+    from gridmem.keys import SESSION_PARTS
+    from gridmem.kinds import KINDS
+    from gridmem.library import PRELUDE_FILE, prelude
+    from gridmem.records import CHANNEL_TTL_MS
+
+    generated = prelude()
+    assert all(script.source.startswith(generated) for script in SCRIPTS.values())
+    assert generated in SCRIPTS["record_turn"].library.code
+    assert (lua_dir() / PRELUDE_FILE).read_text(encoding="utf-8") == generated
+    names = re.findall(r"^local (\w+) =", generated, re.MULTILINE)
+    lib = (lua_dir() / "lib.lua").read_text(encoding="utf-8")
+    assert [n for n in names if re.search(rf"^local {n}\b", lib, re.MULTILINE)] == []
+    probe = (
+        SCRIPTS["read_backlog"].source.replace("return redis.call('XLEN', KEYS[1])", "")
+        + "\nreturn cjson.encode({ttl = TTL_MS, parts = SESSION_PARTS, limits = LIMIT_FIELDS,"
+        " boot = MAX_BOOT_ID_CHARS, boots = MAX_CLOCK_BOOTS, code = KIND_CODE, head = KIND_HEAD})"
+    )
+    seen = json.loads(_s(redis.eval(probe, 0)))
+    assert seen["ttl"] == {str(k): v for k, v in CHANNEL_TTL_MS.items()}
+    assert tuple(seen["parts"]) == SESSION_PARTS
+    assert tuple(seen["limits"]) == LIMIT_FIELDS
+    assert (seen["boot"], seen["boots"]) == (MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS)
+    assert seen["code"] == {k.name: k.code for k in KINDS}
+    assert seen["head"] == {k.code: list(k.head) for k in KINDS}

@@ -25,9 +25,10 @@ from gridmem.clock import MAX_BOOT_ID_CHARS
 from gridmem.context import ENTRY_CACHE, EntryCache, context_messages
 from gridmem.errors import BadScriptArgument, CorruptRecord
 from gridmem.keys import KeySpace
+from gridmem.library import lib_source
 from gridmem.reads import check_clock, clock_fields, context_read, is_live, live_now
 from gridmem.records import CHANNEL_TTL_MS, Channel
-from gridmem.scripts import ClockReading, lua_dir
+from gridmem.scripts import ClockReading
 from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
@@ -39,7 +40,7 @@ SESSION, SHARD = KEYSPACE.session(A, Channel.PUBLIC)
 
 # lib.lua's own store_now (read-only) and is_expired, run on the server.
 LUA_RULE = (
-    (lua_dir() / "lib.lua").read_text()
+    lib_source()
     + """
 local now = store_now(KEYS[1], ARGV[3], tonumber(ARGV[1]), tonumber(ARGV[2]), false)
 local expired = is_expired(KEYS[2], ARGV[4], ARGV[5], now)
@@ -202,10 +203,11 @@ def test_bad_clock_is_refused_before_redis(
 
 
 ARG_CLOCK = (
-    (lua_dir() / "lib.lua").read_text()
+    lib_source()
     + """
-local mono, wall, boot = arg_clock(ARGV[1], ARGV[2], ARGV[3])
-local err = arg_error()
+local args = new_args()
+local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
+local err = args:error()
 if err then return err end
 return boot
 """

@@ -1,0 +1,265 @@
+"""The call and reply types of the scripts: what a call carries, and how a reply is read.
+
+A `ScriptCall` names a script, its KEYS and ARGV and how to parse the reply; any
+client runs it (the store doors, the service). The parsers turn the raw replies
+into the typed values below. Talks to no server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from gridmem.library import LuaScript, load_scripts
+
+T = TypeVar("T")
+Arg = str | int | bytes
+
+
+# The per-call values below are NamedTuples, not frozen dataclasses: as immutable,
+# and built in a quarter of the time (a frozen dataclass sets each field through
+# object.__setattr__), which shows on the read path (docs/benchmarks.md).
+
+
+class ScriptCall(NamedTuple, Generic[T]):
+    """One script invocation, ready for any client to run."""
+
+    script: LuaScript
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+    parse: Callable[[Any], T]
+    # Safe to resend after a connection fault (it cannot apply twice).
+    idempotent: bool = True
+
+
+class ClockReading(NamedTuple):
+    mono: int
+    wall: int
+    boot: str
+
+    def args(self) -> tuple[Arg, ...]:
+        return (self.mono, self.wall, self.boot)
+
+
+def text(value: Any) -> str:
+    """A reply element as str, whether the client decodes responses or not."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+def texts(values: Sequence[Any]) -> list[str]:
+    """text() of each element, without a call per element (transcripts are read whole)."""
+    return [v.decode("utf-8") if type(v) is bytes else str(v) for v in values]
+
+
+class RecordReply(NamedTuple):
+    session_id: str
+    seq: int
+    new_session: bool
+    duplicate: bool
+    redactions: int
+    truncated: bool
+
+
+def _parse_record(raw: Sequence[Any]) -> RecordReply:
+    sid, seq, new, dup, red, trunc = raw
+    return RecordReply(text(sid), int(seq), bool(new), bool(dup), int(red), bool(trunc))
+
+
+def _segment(entries: list[str]) -> str:
+    """'first-last-bytes' of an archive segment (its entries in sequence order)."""
+    first, last = entries[0].split("|", 1)[0], entries[-1].split("|", 1)[0]
+    return f"{first}-{last}-{sum(len(e.encode('utf-8')) for e in entries)}"
+
+
+def _parse_receipt(raw: Sequence[Any]) -> RecordReply | None:
+    sid, receipt = text(raw[0]), text(raw[1])
+    if not sid:
+        return None
+    seq, new, red, trunc = receipt.split(":")
+    return RecordReply(sid, int(seq), new == "1", True, int(red), trunc == "1")
+
+
+@dataclass(frozen=True, slots=True)
+class PageReply:
+    has_more: bool
+    entries: list[str]
+
+
+def _parse_page(raw: Sequence[Any]) -> PageReply:
+    return PageReply(bool(raw[0]), texts(raw[1:]))
+
+
+@dataclass(frozen=True, slots=True)
+class MetaRow:
+    member: str
+    session_id: str
+    created_ms: int
+    active_ms: int
+    turns: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataReply:
+    next_after: str  # '' at the end of this shard
+    rows: list[MetaRow]
+
+
+def _parse_metadata(raw: Sequence[Any]) -> MetadataReply:
+    rows = [
+        MetaRow(text(m), text(s), int(c), int(a), int(t), int(b)) for m, s, c, a, t, b in raw[1:]
+    ]
+    return MetadataReply(text(raw[0]), rows)
+
+
+def _parse_events(raw: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
+    out = []
+    for row in raw:
+        values = [text(v) for v in row]
+        out.append((values[0], dict(zip(values[1::2], values[2::2], strict=True))))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedSession:
+    member: str
+    session_id: str
+    created_ms: int
+    active_ms: int
+    summary: str
+    entries: list[str]
+    receipts: dict[str, str]
+    archive: list[list[str]]  # segments of archived entries, oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReply:
+    next_after: str  # '' at the end of this shard
+    sessions: list[ExportedSession]
+
+
+def _split_segments(segments: str, entries: list[str]) -> list[list[str]]:
+    """Group archived entries by the 'first-last-bytes' segment ranges that hold them."""
+    grouped = []
+    for item in filter(None, segments.split(",")):
+        first, last, _ = (int(x) for x in item.split("-"))
+        grouped.append([e for e in entries if first <= int(e.split("|", 1)[0]) <= last])
+    return [segment for segment in grouped if segment]
+
+
+def _parse_export(raw: Sequence[Any]) -> ExportReply:
+    sessions = []
+    for member, sid, created, active, summary, entries, receipts, segments, archived in raw[1:]:
+        pairs = texts(receipts)
+        sessions.append(
+            ExportedSession(
+                text(member),
+                text(sid),
+                int(created),
+                int(active),
+                text(summary),
+                texts(entries),
+                dict(zip(pairs[0::2], pairs[1::2], strict=True)),
+                _split_segments(text(segments), texts(archived)),
+            )
+        )
+    return ExportReply(text(raw[0]), sessions)
+
+
+@dataclass(frozen=True, slots=True)
+class TakenEntry:
+    entry_id: str
+    member: str  # REJECTED_MEMBER when the entry is to be dead-lettered
+    reason: str  # then its dead-letter code, else ''
+
+
+# take_inbound files entries without a valid key under this reserved one (the nil
+# UUID, which no avatar has), with their reason in {gm:inbound}:rejected.
+REJECTED_MEMBER = "00000000-0000-0000-0000-000000000000:public"
+
+
+def _parse_taken(raw: Sequence[Any]) -> list[TakenEntry]:
+    return [TakenEntry(text(i), text(m), text(r)) for i, m, r in raw]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStep:
+    """claim_key / finish_entry: what the worker does next with a key."""
+
+    state: str  # ok | busy | empty | released | done | lost; the worker adds stopped
+    entry_id: str = ""
+    attempts: int = 0  # with ok: attempts at entry_id that have ended
+    silent: int = 0  # of those, how many ended without a word (worker died or stalled)
+    rejected: str = ""  # a dead-letter reason a worker decided on before it died
+
+
+def _parse_step(raw: Sequence[Any]) -> KeyStep:
+    values = [text(v) for v in raw]
+    if len(values) > 1:
+        return KeyStep(values[0], values[1], int(values[2]), int(values[3]), values[4])
+    return KeyStep(values[0])
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCount:
+    """begin_attempt: the attempt now started, or lost (another worker owns the key)."""
+
+    state: str  # ok | lost
+    attempts: int = 0  # this one included
+    silent: int = 0  # earlier attempts that ended without a word
+
+
+def _parse_attempt(raw: Sequence[Any]) -> AttemptCount:
+    values = [text(v) for v in raw]
+    if len(values) > 1:
+        return AttemptCount(values[0], int(values[1]), int(values[2]))
+    return AttemptCount(values[0])
+
+
+def _parse_raw_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+    """Field/value pairs as the bytes Redis holds: the caller decodes each strictly, since
+    the bridge may write anything and one undecodable byte must not fail the whole read."""
+    values = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in raw]
+    return list(zip(values[0::2], values[1::2], strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReply:
+    public: int
+    im: int
+    stats: dict[str, str]
+    limits: dict[str, str]
+
+
+def _parse_stats(raw: Sequence[Any]) -> StatsReply:
+    return StatsReply(int(raw[0]), int(raw[1]), _parse_fields(raw[2]), _parse_fields(raw[3]))
+
+
+def _parse_fields(raw: Sequence[Any]) -> dict[str, str]:
+    values = [text(v) for v in raw]
+    return dict(zip(values[0::2], values[1::2], strict=True))
+
+
+def _parse_texts(raw: Sequence[Any]) -> list[str]:
+    return [text(v) for v in raw]
+
+
+class ScriptCalls:
+    """The base of the typed call builders: the scripts by name, and one way to call one."""
+
+    def __init__(self, scripts: dict[str, LuaScript] | None = None) -> None:
+        self.by_name = scripts or load_scripts()
+
+    def _call(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        parse: Callable[[Any], T],
+        *,
+        idempotent: bool = True,
+    ) -> ScriptCall[T]:
+        return ScriptCall(self.by_name[name], tuple(keys), tuple(args), parse, idempotent)

@@ -1,0 +1,312 @@
+"""The session scripts' calls: one typed method per script that reads or writes a session
+or its shard. Each validates nothing (the store did that) and talks to no server:
+it returns a `ScriptCall` (gridmem/replies.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gridmem.config import (
+    LIMIT_FIELDS,
+    LOW_WATER,
+    MAX_EVICTIONS_PER_CALL,
+    SUMMARY_LINE_BYTES,
+    WRITE_SWEEP_BATCH,
+    Limits,
+    shard_limits,
+)
+from gridmem.keys import SessionKeys, ShardKeys
+from gridmem.replies import (
+    ClockReading,
+    ExportReply,
+    MetadataReply,
+    PageReply,
+    RecordReply,
+    ScriptCall,
+    ScriptCalls,
+    StatsReply,
+    _parse_events,
+    _parse_export,
+    _parse_metadata,
+    _parse_page,
+    _parse_receipt,
+    _parse_record,
+    _parse_stats,
+    _segment,
+    text,
+)
+
+
+def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
+    """The limits as record_turn takes them: one shard's share of the global bounds
+    (config.shard_limits), whose sum over the shards never exceeds them, archives
+    included when `archive` is on."""
+    share = shard_limits(limits, shards, archive=archive)
+    values = {
+        "max_turns": limits.max_turns_per_session,
+        "low_turns": max(1, int(limits.max_turns_per_session * LOW_WATER)),
+        "max_session_bytes": limits.max_session_bytes,
+        "low_session_bytes": int(limits.max_session_bytes * LOW_WATER),
+        "max_tools": limits.max_tool_results_per_session,
+        "low_tools": int(limits.max_tool_results_per_session * LOW_WATER),
+        "max_summary_bytes": limits.max_summary_bytes,
+        "summary_line_bytes": min(SUMMARY_LINE_BYTES, limits.max_summary_bytes),
+        "max_sessions": share.max_sessions,
+        "max_aggregate_bytes": share.max_aggregate_bytes,
+        "max_evictions": MAX_EVICTIONS_PER_CALL,
+        "archive": int(archive),
+        "max_archive_segments": limits.max_archive_segments,
+        "max_archive_bytes": limits.max_archive_bytes,
+        "sweep_batch": WRITE_SWEEP_BATCH,
+    }
+    return ",".join(str(values[field]) for field in LIMIT_FIELDS)
+
+
+def _writer_keys(session: SessionKeys, shard: ShardKeys) -> tuple[str, ...]:
+    """KEYS of the scripts that write a session and keep its shard's bounds."""
+    return (
+        *session.all(),
+        shard.lru_public,
+        shard.lru_im,
+        shard.sessions,
+        shard.seq,
+        shard.clock,
+        shard.events,
+        shard.stats,
+    )
+
+
+class SessionCalls(ScriptCalls):
+    """One typed method per session script. Holds the sources; never a connection."""
+
+    def record_turn(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        clock: ClockReading,
+        *,
+        candidate_session_id: str,
+        payload: str,
+        idempotency_key: str,
+        redactions: int,
+        truncated: bool,
+        max_events: int,
+        limits: str,
+    ) -> ScriptCall[RecordReply]:
+        return self._call(
+            "record_turn",
+            _writer_keys(session, shard),
+            (
+                *clock.args(),
+                session.member,
+                candidate_session_id,
+                payload,
+                idempotency_key,
+                redactions,
+                int(truncated),
+                max_events,
+                limits,
+            ),
+            _parse_record,
+            # Without an idempotency key a resend could store the turn twice.
+            idempotent=bool(idempotency_key),
+        )
+
+    def read_page(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        lru: str,
+        clock: ClockReading,
+        *,
+        anchor: int | None,
+        direction: str,
+        limit: int,
+    ) -> ScriptCall[PageReply]:
+        return self._call(
+            "read_page",
+            (session.meta, session.turns, session.archive, lru, shard.clock),
+            (*clock.args(), session.member, "" if anchor is None else anchor, direction, limit),
+            _parse_page,
+        )
+
+    def list_metadata(
+        self, shard: ShardKeys, clock: ClockReading, *, after: str, limit: int
+    ) -> ScriptCall[MetadataReply]:
+        return self._call(
+            "list_metadata",
+            (shard.sessions, shard.lru_public, shard.lru_im, shard.clock),
+            (*clock.args(), after, limit),
+            _parse_metadata,
+        )
+
+    def sweep_idle(
+        self, shard: ShardKeys, clock: ClockReading, *, batch: int, max_events: int
+    ) -> ScriptCall[int]:
+        return self._call(
+            "sweep_idle",
+            (
+                shard.lru_public,
+                shard.lru_im,
+                shard.sessions,
+                shard.clock,
+                shard.events,
+                shard.stats,
+            ),
+            (*clock.args(), batch, max_events),
+            int,
+        )
+
+    def delete_session(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        *,
+        now_wall: int,
+        reason: str,
+        max_events: int,
+    ) -> ScriptCall[bool]:
+        return self._call(
+            "delete_session",
+            (
+                *session.all(),
+                shard.lru_public,
+                shard.lru_im,
+                shard.sessions,
+                shard.events,
+                shard.stats,
+            ),
+            (now_wall, session.member, reason, max_events),
+            bool,
+        )
+
+    def read_events(
+        self, shard: ShardKeys, *, after: str, count: int
+    ) -> ScriptCall[list[tuple[str, dict[str, str]]]]:
+        return self._call("read_events", (shard.events,), (after, count), _parse_events)
+
+    def export_sessions(
+        self,
+        shard: ShardKeys,
+        clock: ClockReading,
+        *,
+        after: str,
+        max_sessions: int,
+        max_bytes: int,
+    ) -> ScriptCall[ExportReply]:
+        return self._call(
+            "export_sessions",
+            (shard.sessions, shard.lru_public, shard.lru_im, shard.clock),
+            (*clock.args(), after, max_sessions, max_bytes),
+            _parse_export,
+        )
+
+    def restore_session(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        clock: ClockReading,
+        *,
+        session_id: str,
+        created_ms: int,
+        active_ms: int,
+        age_ms: int,
+        summary: str,
+        max_events: int,
+        limits: str,
+        receipts: dict[str, str],
+        entries: list[str],
+        archive: list[list[str]] | None = None,
+    ) -> ScriptCall[bool]:
+        pairs = [x for kv in sorted(receipts.items()) for x in kv]
+        segments = archive or []
+        archived = [entry for segment in segments for entry in segment]
+        return self._call(
+            "restore_session",
+            _writer_keys(session, shard),
+            (
+                *clock.args(),
+                session.member,
+                session_id,
+                created_ms,
+                active_ms,
+                age_ms,
+                summary,
+                max_events,
+                limits,
+                len(receipts),
+                ",".join(_segment(segment) for segment in segments if segment),
+                len(archived),
+                *pairs,
+                *archived,
+                *entries,
+            ),
+            bool,
+        )
+
+    def publish_event(
+        self,
+        shard: ShardKeys,
+        *,
+        now_wall: int,
+        reason: str,
+        max_events: int,
+        session_id: str = "",
+        member: str = "",
+        detail: dict[str, str | int] | None = None,
+    ) -> ScriptCall[str]:
+        pairs = [str(x) for kv in (detail or {}).items() for x in kv]
+        return self._call(
+            "publish_event",
+            (shard.events, shard.stats),
+            (now_wall, reason, max_events, session_id, member, *pairs),
+            text,
+            idempotent=False,  # a resend would publish the event twice
+        )
+
+    def read_receipt(
+        self, session: SessionKeys, shard: ShardKeys, lru: str, clock: ClockReading, *, key: str
+    ) -> ScriptCall[RecordReply | None]:
+        return self._call(
+            "read_receipt",
+            (session.meta, session.idem, lru, shard.clock),
+            (*clock.args(), session.member, key),
+            _parse_receipt,
+        )
+
+    def read_context(
+        self, session: SessionKeys, shard: ShardKeys, lru: str, clock_fields: Sequence[str]
+    ) -> ScriptCall[list[Any]]:
+        """context()'s reads in one read-only function: its fallback on a full server.
+
+        `clock_fields` are the clock hash fields the MULTI/EXEC read asks for
+        (reads.clock_fields), passed on so the two reads cannot drift apart.
+        """
+        keys = (session.meta, shard.clock, lru, session.summary, session.turns)
+        return self._call("read_context", keys, (session.member, *clock_fields), list)
+
+    def read_stats(self, shard: ShardKeys) -> ScriptCall[StatsReply]:
+        return self._call(
+            "read_stats",
+            (shard.lru_public, shard.lru_im, shard.stats, shard.limits),
+            (),
+            _parse_stats,
+        )
+
+    def publish_limits(self, shard: ShardKeys, limits: dict[str, int | str]) -> ScriptCall[int]:
+        pairs = [str(x) for kv in sorted(limits.items()) for x in kv]
+        return self._call("publish_limits", (shard.limits,), pairs, int)
+
+    def publish_layout(
+        self, layout: str, *, namespace: str, prefixes: Sequence[str]
+    ) -> ScriptCall[int]:
+        return self._call("publish_layout", (layout,), (namespace, *prefixes), int)
+
+    def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
+        return self._call(
+            "mark_restored",
+            (shard.restored,),
+            ("" if generation is None else generation,),
+            text,
+        )
