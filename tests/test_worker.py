@@ -230,10 +230,10 @@ class Faults:
     def record(self) -> None:
         record = self.store.record
 
-        async def recording(*args: Any, idempotency_key: str | None = None) -> Any:
-            if idempotency_key == self.poisoned:
+        async def recording(uuid: str, channel: str, item: Any, key: Any = None) -> Any:
+            if key == self.poisoned:  # the entry's own record, not its reply's
                 self.fail("record")
-            return await record(*args, idempotency_key=idempotency_key)
+            return await record(uuid, channel, item, key)
 
         self.patch.setattr(self.store, "record", recording)
 
@@ -258,10 +258,10 @@ class Faults:
     def record_reply(self) -> None:
         record = self.store.record
 
-        async def recording(*args: Any, **kwargs: Any) -> Any:
+        async def recording(*args: Any) -> Any:
             if args[-1] == f"{self.poisoned}:reply":
                 self.fail("record_reply")
-            return await record(*args, **kwargs)
+            return await record(*args)
 
         self.patch.setattr(self.store, "record", recording)
 
@@ -269,7 +269,9 @@ class Faults:
         run_call = self.store.executor.call
 
         async def running_call(call: Any) -> Any:
-            if call.script.name == "publish_reply" and self.poisoned in call.args:
+            # every command goes through the executor, the doors' reads too (no .script)
+            script = getattr(call, "script", None)
+            if script is not None and script.name == "publish_reply" and self.poisoned in call.args:
                 self.fail("publish")
             return await run_call(call)
 

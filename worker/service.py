@@ -551,9 +551,7 @@ class Worker:
         try:
             fields = decode_inbound(raw, limits.max_input_bytes)
             uuid, channel, text = check_inbound(fields, limits.max_input_bytes)
-            recorded = await self.store.record(
-                uuid, channel, AvatarMessage(text=text), idempotency_key=entry_id
-            )
+            recorded = await self.store.record(uuid, channel, AvatarMessage(text=text), entry_id)
         except Rejected as bad:
             await self._reject(entry_id, bad.reason, member=member)
             return
