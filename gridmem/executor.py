@@ -21,8 +21,6 @@ A closed executor refuses every call with StoreClosed before a command is sent.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import hiredis
@@ -164,29 +162,21 @@ class Executor:
         nothing for redis-py's encoder to do.
         """
         packed = b"".join([_MULTI, *[hiredis.pack_command(c) for c in commands], _EXEC])
-        with self._connection() as conn:
+        client: Any = self.client
+        own = client.connection  # set for single_connection_client=True
+        conn = own or client.connection_pool.get_connection()
+        try:  # inline, not a context manager: this is the hot read's whole Python cost
             conn.send_packed_command([packed])  # one write: a list item is one sendall
             for _ in range(len(commands) + 1):  # +OK, then +QUEUED per command
                 conn.read_response()
             replies: list[Any] = conn.read_response()
-        return _raise_errors(replies)
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[Any]:
-        """A connection of the client's, given back after use. On any fault it is
-        dropped, never reused with replies unread."""
-        client: Any = self.client
-        own = client.connection  # set for single_connection_client=True
-        pool = client.connection_pool
-        conn = own or pool.get_connection()
-        try:
-            yield conn
         except BaseException:
-            conn.disconnect()
+            conn.disconnect()  # dropped, never reused with replies unread
             raise
         finally:
             if own is None:
-                pool.release(conn)
+                client.connection_pool.release(conn)
+        return _raise_errors(replies)
 
 
 class AsyncExecutor:
