@@ -48,7 +48,7 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -66,6 +66,9 @@ from gridmem.snapshots import (
     parse_header,
     unredacted,
 )
+
+if TYPE_CHECKING:
+    from gridmem.executor import Executor
 
 log = logging.getLogger("gridmem.backlog")
 
@@ -143,10 +146,10 @@ def _line(stream: str, entry_id: str, fields: dict[str, str], redactor: Redactor
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
-def _inbound(client: redis.Redis, key: str) -> Iterator[tuple[Any, Any]]:
+def _inbound(executor: Executor, key: str) -> Iterator[tuple[Any, Any]]:
     start = "-"
     while True:
-        page = client.xrange(key, min=start, max="+", count=PAGE)
+        page = executor.command("XRANGE", key, start, "+", "COUNT", PAGE)
         if not page:
             return
         yield from page
@@ -154,12 +157,14 @@ def _inbound(client: redis.Redis, key: str) -> Iterator[tuple[Any, Any]]:
         start = "(" + (last.decode("ascii") if isinstance(last, bytes) else str(last))
 
 
-def _outbound(client: redis.Redis, key: str) -> list[tuple[Any, Any]]:
+def _outbound(executor: Executor, key: str) -> list[tuple[Any, Any]]:
     """The newest MAX_OUTBOUND entries, oldest first."""
     got: list[tuple[Any, Any]] = []
     end = "+"
     while len(got) < MAX_OUTBOUND:
-        page = client.xrevrange(key, max=end, min="-", count=min(PAGE, MAX_OUTBOUND - len(got)))
+        page = executor.command(
+            "XREVRANGE", key, end, "-", "COUNT", min(PAGE, MAX_OUTBOUND - len(got))
+        )
         if not page:
             break
         got += page
@@ -170,7 +175,7 @@ def _outbound(client: redis.Redis, key: str) -> list[tuple[Any, Any]]:
 
 
 def save(
-    client: redis.Redis,
+    executor: Executor,
     directory: SnapshotDirectory,
     service: ServiceKeys,
     *,
@@ -184,7 +189,7 @@ def save(
     report = SaveReport()
     lines: list[bytes] = []
     budget = MAX_PAYLOAD_BYTES
-    for entry_id, fields in _inbound(client, service.inbound):
+    for entry_id, fields in _inbound(executor, service.inbound):
         decoded = _decode(entry_id, fields, INBOUND_FIELDS)
         if decoded is None:
             report.dropped += 1
@@ -199,7 +204,7 @@ def save(
         budget -= len(line)
         lines.append(line)
         report.inbound += 1
-    for entry_id, fields in _outbound(client, service.outbound):
+    for entry_id, fields in _outbound(executor, service.outbound):
         decoded = _decode(entry_id, fields, OUTBOUND_FIELDS)
         if decoded is None or set(decoded[1]) != OUTBOUND_FIELDS:
             report.dropped += 1
@@ -329,10 +334,10 @@ def _read(
     return entries
 
 
-def _last_id(client: redis.Redis, key: str) -> tuple[int, int]:
+def _last_id(executor: Executor, key: str) -> tuple[int, int]:
     """The stream's last generated ID ((0, 0) when it does not exist)."""
     try:
-        info = client.xinfo_stream(key)
+        info = executor.command("XINFO", "STREAM", key)
     except redis.ResponseError:  # no such key
         return (0, 0)
     raw = info["last-generated-id"]
@@ -341,7 +346,7 @@ def _last_id(client: redis.Redis, key: str) -> tuple[int, int]:
 
 
 def restore(
-    client: redis.Redis,
+    executor: Executor,
     directory: SnapshotDirectory,
     service: ServiceKeys,
     *,
@@ -372,20 +377,20 @@ def restore(
             return report
         keys = {"inbound": service.inbound, "outbound": service.outbound}
         for stream, key in keys.items():
-            last = _last_id(client, key)
+            last = _last_id(executor, key)
             todo = [e for e in entries if e.stream == stream and e.order > last]
             report.skipped += sum(1 for e in entries if e.stream == stream) - len(todo)
-            for start in range(0, len(todo), PAGE):
-                pipe = client.pipeline(transaction=False)
-                for entry in todo[start : start + PAGE]:
-                    pipe.xadd(key, dict(entry.fields), id=entry.id)  # type: ignore[arg-type]
-                for result in pipe.execute(raise_on_error=False):
-                    if isinstance(result, redis.ResponseError):
-                        report.skipped += 1  # someone added a newer entry meanwhile
-                    elif stream == "inbound":
-                        report.inbound += 1
-                    else:
-                        report.outbound += 1
+            for entry in todo:
+                fields = [part for pair in entry.fields.items() for part in pair]
+                try:
+                    executor.command("XADD", key, entry.id, *fields)
+                except redis.ResponseError:
+                    report.skipped += 1  # someone added a newer entry meanwhile
+                    continue
+                if stream == "inbound":
+                    report.inbound += 1
+                else:
+                    report.outbound += 1
         path.unlink()
         _fsync_directory(directory.directory, directory.posix)
     return report

@@ -482,15 +482,11 @@ def final_flush(settings: Settings | None, url: str) -> None:
         return
     # here, not at the top: the store imports this module
     from gridmem.clock import make_clock
-    from gridmem.store import ConversationStore, connect
+    from gridmem.store import open_store
 
+    clock = make_clock(settings.worker.clock_speed, settings.worker.clock_origin_ms)
     try:
-        with ConversationStore(
-            connect(url, socket_timeout=30),
-            settings.conversation,
-            clock=make_clock(settings.worker.clock_speed, settings.worker.clock_origin_ms),
-            snapshot_dir=settings.storage_path / "conversations",
-        ) as store:
+        with open_store(settings, url, clock=clock, socket_timeout=30) as store:
             info = store.flush()
             if info is not None:
                 log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)

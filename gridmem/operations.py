@@ -121,13 +121,8 @@ class Operations:
     def record(
         self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
     ) -> Op[Receipt]:
-        receipt, _ = yield from self.record_checked(avatar_uuid, channel, record, idempotency_key_)
-        return receipt
-
-    def record_checked(
-        self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object = None
-    ) -> Op[tuple[Receipt, bool]]:
-        """record(), also saying whether the idempotency key had been seen (nothing stored)."""
+        """Store one record; Receipt.duplicate says the idempotency key had been seen
+        (nothing stored)."""
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
@@ -147,7 +142,7 @@ class Operations:
             max_events=self._events_maxlen,
             limits=self._limits_packet,
         )
-        return _receipt(reply), reply.duplicate
+        return _receipt(reply, duplicate=reply.duplicate)
 
     def receipt(
         self, avatar_uuid: object, channel: object, idempotency_key_: object
@@ -406,13 +401,14 @@ class Operations:
         return [stream_id(p, "after") if p else "" for p in parts]
 
 
-def _receipt(reply: RecordReply) -> Receipt:
+def _receipt(reply: RecordReply, *, duplicate: bool = False) -> Receipt:
     return Receipt(
         session_id=reply.session_id,
         seq=reply.seq,
         new_session=reply.new_session,
         redactions=reply.redactions,
         truncated=reply.truncated,
+        duplicate=duplicate,
     )
 
 

@@ -172,13 +172,30 @@ class _Out(BaseModel):
 
 
 class Receipt(_Out):
-    """What `record()` did. A repeated idempotency key returns the first receipt."""
+    """What `record()` did. A repeated idempotency key returns the first receipt,
+    with `duplicate` set: nothing was stored this time (an idempotent replay).
+
+    `duplicate` tells how this call went, not what was stored: two receipts of the
+    same record are equal whatever their `duplicate`.
+    """
 
     session_id: str
     seq: int
     new_session: bool
     redactions: int
     truncated: bool
+    duplicate: bool = False
+
+    def _stored(self) -> tuple[str, int, bool, int, bool]:
+        return (self.session_id, self.seq, self.new_session, self.redactions, self.truncated)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Receipt):
+            return NotImplemented
+        return self._stored() == other._stored()
+
+    def __hash__(self) -> int:
+        return hash(self._stored())
 
 
 class SessionMetadata(_Out):

@@ -4,7 +4,8 @@ Callers hand it records; it validates, bounds and encodes them (gridmem/codec.py
 then runs one atomic Lua script per change. Reads come back the same way, except
 context(), which is one MULTI/EXEC of plain reads (gridmem/reads.py). The
 behaviour lives in gridmem/operations.py, shared with AsyncConversationStore;
-this class only drives it with a blocking redis-py client.
+each door only drives it, through its executor (gridmem/executor.py), the only
+code that sends commands.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
 
-import hiredis
 import redis
 import redis.asyncio as redis_async
-import tenacity
 from pydantic import BaseModel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -29,7 +28,8 @@ from gridmem import backlog
 from gridmem.clock import Clock, SystemClock
 from gridmem.config import ConversationConfig, Settings
 from gridmem.embedded import SharedValkey
-from gridmem.errors import StoreClosed, script_error_from_reply
+from gridmem.errors import StoreClosed
+from gridmem.executor import AsyncExecutor, Executor
 from gridmem.keys import KeySpace
 from gridmem.operations import Op, Operations
 from gridmem.reads import ReadCall
@@ -62,12 +62,6 @@ T = TypeVar("T")
 
 log = logging.getLogger("gridmem.store")
 
-_MULTI = hiredis.pack_command(("MULTI",))
-_EXEC = hiredis.pack_command(("EXEC",))
-
-# Connection faults of idempotent calls are retried with backoff; nothing else is.
-RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
-
 # AsyncConversationStore prepares (redacts) a record with more text than this in a
 # worker thread: redaction is linear, but a megabyte of match-dense text still
 # takes a noticeable time, and on the event loop it would stall every other
@@ -77,22 +71,12 @@ RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 OFFLOAD_TEXT_CHARS = 4096
 
 
-def retry_policy() -> dict[str, Any]:
-    """tenacity arguments shared by the sync and async stores."""
-    return {
-        "retry": tenacity.retry_if_exception_type(RETRYABLE),
-        "stop": tenacity.stop_after_attempt(5) | tenacity.stop_after_delay(15),
-        "wait": tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.05),
-        "reraise": True,
-    }
-
-
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client as gridmem wants it: redis-py's own retries off.
 
     redis-py retries every command on connection errors by default, which could
     apply a turn recorded without an idempotency key twice. gridmem retries only
-    what is safe to resend (see ConversationStore._run).
+    what is safe to resend (see gridmem/executor.py).
     """
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
 
@@ -100,21 +84,6 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 def connect_async(url: str, **kwargs: Any) -> redis_async.Redis:
     """connect() for asyncio: each worker process builds its own after it starts."""
     return redis_async.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **kwargs)
-
-
-def translate(exc: redis.ResponseError) -> Exception:
-    """Our scripts' GM_* errors become their exception classes; anything else stays as is."""
-    return script_error_from_reply(str(exc)) or exc
-
-
-def is_function_missing(exc: redis.ResponseError) -> bool:
-    """FCALL of a function the server does not have (a new server, or FUNCTION FLUSH)."""
-    return str(exc).startswith("Function not found")
-
-
-def is_library_present(exc: redis.ResponseError) -> bool:
-    """FUNCTION LOAD of a library another worker loaded first."""
-    return str(exc).startswith("Library ") and "already exists" in str(exc)
 
 
 def _snapshot_dir(settings: Settings) -> Path:
@@ -145,12 +114,7 @@ def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValk
     def restore() -> None:
         if not settings.conversation.persistence_enabled:
             return
-        with ConversationStore(
-            connect(shared.url),
-            settings.conversation,
-            clock=clock,
-            snapshot_dir=_snapshot_dir(settings),
-        ) as store:
+        with open_store(settings, shared.url, clock=clock) as store:
             report = store.restore()
             if report.error is not None:
                 log.error("restore: %s", report.error)
@@ -163,6 +127,20 @@ def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValk
 
     shared.attach(on_start=restore)
     return shared
+
+
+def open_store(
+    settings: Settings, url: str, *, clock: Clock | None = None, **client: Any
+) -> ConversationStore:
+    """A blocking store over `url` as `settings` say: their conversation config, the
+    snapshot directory under storage_path when persistence is on. The one factory:
+    from_config, a new private server's restore, `gridmem serve`'s supervisor and
+    the private server's last flush build their stores here. `client`: connect()'s
+    keyword arguments (a socket_timeout)."""
+    snapshot_dir = _snapshot_dir(settings) if settings.conversation.persistence_enabled else None
+    return ConversationStore(
+        connect(url, **client), settings.conversation, clock=clock, snapshot_dir=snapshot_dir
+    )
 
 
 class _Target(NamedTuple):
@@ -201,7 +179,7 @@ class ConversationStore:
         snapshot_dir: str | Path | None = None,
     ) -> None:
         self.redis = redis_client
-        self._closed = False
+        self.executor = Executor(redis_client)
         self.config = config or ConversationConfig()
         self.clock: Clock = clock or SystemClock()
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
@@ -214,7 +192,6 @@ class ConversationStore:
             )
         self._permissions_reported = False
         self._shared: SharedValkey | None = None  # from_config's private server
-        self._retrying = tenacity.Retrying(**retry_policy())
 
     @classmethod
     def from_config(cls, settings: Settings, *, clock: Clock | None = None) -> ConversationStore:
@@ -223,12 +200,7 @@ class ConversationStore:
         if none runs; it stops when the last of them closes or exits). Close the
         store (or use it in a `with` block) to leave it."""
         target = _target(settings, clock)
-        store = cls(
-            connect(target.url),
-            settings.conversation,
-            clock=clock,
-            snapshot_dir=target.snapshot_dir,
-        )
+        store = open_store(settings, target.url, clock=clock)
         store._shared = target.shared
         return store
 
@@ -339,24 +311,24 @@ class ConversationStore:
         replies) to `<snapshot dir>/backlog`, redacted and signed; None when
         persistence is off. For a server that keeps its streams in memory (the
         private Valkey): see gridmem/backlog.py. Raises SnapshotError or a redis error."""
-        if self._closed:
+        if self.executor.closed:
             raise StoreClosed
         if self.snapshots is None:
             return None
         service = KeySpace(self.config.namespace, self.config.shards).service()
-        return backlog.save(self.redis, self.snapshots, service, created_ms=self.clock.wall_ms())
+        return backlog.save(self.executor, self.snapshots, service, created_ms=self.clock.wall_ms())
 
     def restore_backlog(self) -> backlog.RestoreReport | None:
         """Add a saved backlog's entries at their IDs (none the streams already hold),
         then delete the file; a file failing a check goes to quarantine. Before the
         consumer group is created. None when persistence is off."""
-        if self._closed:
+        if self.executor.closed:
             raise StoreClosed
         if self.snapshots is None:
             return None
         service = KeySpace(self.config.namespace, self.config.shards).service()
         return backlog.restore(
-            self.redis,
+            self.executor,
             self.snapshots,
             service,
             max_value_bytes=self.config.limits.max_input_bytes,
@@ -367,16 +339,14 @@ class ConversationStore:
     def scripts(self) -> Scripts:
         return self._ops.scripts
 
-    def run(self, call: ScriptCall[T]) -> T:
-        """Run one script call (the supervisor's stream set-up goes through here)."""
-        result: T = self._run(call)
-        return result
+    def stored_text(self, text: str) -> str:
+        """What record() would keep of an agent reply: cleaned, redacted, bounded."""
+        return self._ops.prepare.text(text, "text", self.config.limits.max_text_bytes)[0]
 
     def close(self) -> None:
         """Close the client; leave the private server (the last user out stops it).
         Any call after this raises StoreClosed; closing again does nothing."""
-        self._closed = True
-        self.redis.close()
+        self.executor.close()
         shared, self._shared = self._shared, None
         if shared is not None:
             shared.detach()
@@ -470,91 +440,14 @@ class ConversationStore:
     # -- driving the shared operations ----------------------------------------------
 
     def _drive(self, op: Op[T]) -> T:
+        run = self.executor.call
         try:
             call = next(op)  # validation runs here, before any command
             while True:
-                call = op.send(self._run(call))
+                call = op.send(run(call))
         except StopIteration as done:
             result: T = done.value
             return result
-
-    def _run(self, call: ScriptCall[Any] | ReadCall[Any]) -> Any:
-        if self._closed:
-            raise StoreClosed
-        if isinstance(call, ReadCall):
-            try:
-                replies = self._transaction(call.commands)
-            except RETRYABLE:
-                replies = self._retrying(self._transaction, call.commands)
-            except redis.OutOfMemoryError:
-                if call.fallback is None:
-                    raise
-                replies = self._run(call.fallback())  # full Redis: no MULTI, reads too
-            return call.parse(replies)
-        try:
-            try:
-                raw = self._fcall(call)
-            except RETRYABLE:
-                if not call.idempotent:
-                    raise
-                raw = self._retrying(self._fcall, call)
-        except redis.ResponseError as exc:
-            raise translate(exc) from None
-        return call.parse(raw)
-
-    def _transaction(self, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
-        """EXEC's replies to MULTI + commands + EXEC, sent in one write.
-
-        redis-py's Pipeline does the same with more Python per call: in one
-        measured run its read came to 0.83x a hand-written list's, this one to
-        0.99x (docs/benchmarks.md). The commands are packed by hiredis directly
-        (keys and integers only: nothing for redis-py's encoder to do). On any
-        fault the connection is dropped, never reused with replies unread.
-        """
-        client: Any = self.redis
-        pool = client.connection_pool
-        own = client.connection  # set for single_connection_client=True
-        conn = own or pool.get_connection()
-        try:
-            packed = b"".join([_MULTI, *[hiredis.pack_command(c) for c in commands], _EXEC])
-            conn.send_packed_command([packed])  # one write: a list item is one sendall
-            for _ in range(len(commands) + 1):  # +OK, then +QUEUED per command
-                conn.read_response()
-            replies: list[Any] = conn.read_response()
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            if own is None:
-                pool.release(conn)
-        for reply in replies:
-            if isinstance(reply, redis.ResponseError):
-                raise reply
-        return replies
-
-    def _command(self, *args: Any) -> Any:
-        client: Any = self.redis  # redis-py leaves execute_command untyped
-        return client.execute_command(*args)
-
-    def _fcall(self, call: ScriptCall[Any]) -> Any:
-        """FCALL, loading gridmem's function library first if the server lacks it.
-
-        Called directly rather than through redis-py's fcall(): the hot path then
-        builds no extra tuples. Another worker may load the library at the same
-        moment; "already exists" then means it is there.
-        """
-        command = ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
-        try:
-            return self._command(*command)
-        except redis.ResponseError as exc:
-            if not is_function_missing(exc):
-                raise
-            try:
-                self._command("FUNCTION", "LOAD", call.script.library.code)
-            except redis.ResponseError as load_error:
-                if not is_library_present(load_error):
-                    raise
-            return self._command(*command)
 
 
 class AsyncConversationStore:
@@ -576,12 +469,11 @@ class AsyncConversationStore:
         snapshot_dir: str | Path | None = None,
     ) -> None:
         self.redis = redis_client
-        self._closed = False
+        self.executor = AsyncExecutor(redis_client)
         self.config = config or ConversationConfig()
         self.clock: Clock = clock or SystemClock()
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
         self._ops = Operations(self.config, self.clock)
-        self._retrying = tenacity.AsyncRetrying(**retry_policy())
         self._files = _LoopDrivenFiles(self)
         self._shared: SharedValkey | None = None  # from_config's private server
 
@@ -611,19 +503,6 @@ class AsyncConversationStore:
     ) -> Receipt:
         return await self._drive(
             self._ops.record(avatar_uuid, channel, record, idempotency_key),
-            offload=_text_chars(record) > OFFLOAD_TEXT_CHARS,
-        )
-
-    async def record_checked(
-        self,
-        avatar_uuid: str,
-        channel: str,
-        record: Record | dict[str, Any],
-        idempotency_key: str | None = None,
-    ) -> tuple[Receipt, bool]:
-        """record(), and whether the idempotency key had been seen before (nothing stored)."""
-        return await self._drive(
-            self._ops.record_checked(avatar_uuid, channel, record, idempotency_key),
             offload=_text_chars(record) > OFFLOAD_TEXT_CHARS,
         )
 
@@ -697,16 +576,10 @@ class AsyncConversationStore:
             prepared = self._ops.prepare.text(text, "text", limit)
         return prepared[0]
 
-    async def run(self, call: ScriptCall[T]) -> T:
-        """Run one script call (the service's stream scripts go through here too)."""
-        result: T = await self._run(call)
-        return result
-
     async def aclose(self) -> None:
         """Close the client; leave the private server (the last user out stops it).
         Any call after this raises StoreClosed; closing again does nothing."""
-        self._closed = True
-        await self.redis.aclose()
+        await self.executor.aclose()
         shared, self._shared = self._shared, None
         if shared is not None:
             await asyncio.to_thread(shared.detach)
@@ -735,66 +608,10 @@ class AsyncConversationStore:
             else:
                 call = next(op)  # validation runs here, before any command
             while True:
-                call = op.send(await self._run(call))
+                call = op.send(await self.executor.call(call))
         except StopIteration as done:
             result = done.value
             return result
-
-    async def _run(self, call: ScriptCall[Any] | ReadCall[Any]) -> Any:
-        if self._closed:
-            raise StoreClosed
-        if isinstance(call, ReadCall):
-            try:
-                replies = await self._transaction(call.commands)
-            except RETRYABLE:
-                replies = await self._retrying.copy()(self._transaction, call.commands)
-            except redis.OutOfMemoryError:
-                if call.fallback is None:
-                    raise
-                replies = await self._run(call.fallback())  # full Redis: no MULTI, reads too
-            return call.parse(replies)
-        try:
-            try:
-                raw = await self._fcall(call)
-            except RETRYABLE:
-                if not call.idempotent:
-                    raise
-                # a copy: a Retrying object keeps its attempt state, and calls run concurrently
-                raw = await self._retrying.copy()(self._fcall, call)
-        except redis.ResponseError as exc:
-            raise translate(exc) from None
-        return call.parse(raw)
-
-    async def _command(self, *args: Any) -> Any:
-        client: Any = self.redis  # redis-py leaves execute_command untyped
-        return await client.execute_command(*args)
-
-    async def _transaction(self, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
-        """EXEC's replies to MULTI + commands + EXEC, through redis-py's pipeline.
-
-        The service is not bound by this read's Python cost (an LLM call follows
-        every one), so it takes the library's way rather than ConversationStore's.
-        """
-        pipe: Any = self.redis.pipeline(transaction=True)
-        for command in commands:
-            pipe.execute_command(*command)
-        replies: list[Any] = await pipe.execute()
-        return replies
-
-    async def _fcall(self, call: ScriptCall[Any]) -> Any:
-        """As ConversationStore._fcall."""
-        command = ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
-        try:
-            return await self._command(*command)
-        except redis.ResponseError as exc:
-            if not is_function_missing(exc):
-                raise
-            try:
-                await self._command("FUNCTION", "LOAD", call.script.library.code)
-            except redis.ResponseError as load_error:
-                if not is_library_present(load_error):
-                    raise
-            return await self._command(*command)
 
 
 class _LoopDrivenFiles(ConversationStore):
@@ -816,7 +633,6 @@ class _LoopDrivenFiles(ConversationStore):
                 door.snapshot_dir, door.config.limits, DEFAULT_REDACTOR
             )
         self._permissions_reported = False
-        self._embedded = None
         self._door = door
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -26,22 +26,11 @@ from gridmem.store import connect_async
 DOORS = ["sync", "async"]
 
 
-class BlockingDoor:
-    """AsyncConversationStore behind blocking calls; nothing of the store's own.
+class Blocking:
+    """An object's coroutine methods as blocking calls on `loop`; other attributes as they are."""
 
-    Coroutine methods block until done; every other attribute (config, clock,
-    snapshots, scripts, _ops) is the async store's. `redis` is the test's
-    blocking client of the same server, for tests that look at keys directly.
-    """
-
-    def __init__(
-        self,
-        store: AsyncConversationStore,
-        redis_client: redis_py.Redis,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self.door = store
-        self.redis = redis_client
+    def __init__(self, wrapped: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.door = wrapped
         self._loop = loop
 
     def __getattr__(self, name: str) -> Any:
@@ -54,6 +43,25 @@ class BlockingDoor:
             return self._loop.run_until_complete(value(*args, **kwargs))
 
         return blocking
+
+
+class BlockingDoor(Blocking):
+    """AsyncConversationStore behind blocking calls; nothing of the store's own.
+
+    Coroutine methods block until done, its executor's too; every other attribute
+    (config, clock, snapshots, scripts, _ops) is the async store's. `redis` is the
+    test's blocking client of the same server, for tests that look at keys directly.
+    """
+
+    def __init__(
+        self,
+        store: AsyncConversationStore,
+        redis_client: redis_py.Redis,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        super().__init__(store, loop)
+        self.redis = redis_client
+        self.executor = Blocking(store.executor, loop)
 
     def close(self) -> None:
         self._loop.run_until_complete(self.door.aclose())

@@ -14,6 +14,7 @@ import redis as redis_py
 
 from gridmem import backlog
 from gridmem.config import Limits
+from gridmem.executor import Executor
 from gridmem.keys import KeySpace
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.snapshots import HEADER_SIZE, SnapshotDirectory
@@ -61,11 +62,11 @@ def _fill(client: redis_py.Redis) -> tuple[list[str], list[str]]:
 
 
 def _save(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.SaveReport:
-    return backlog.save(client, directory, SERVICE, created_ms=1)
+    return backlog.save(Executor(client), directory, SERVICE, created_ms=1)
 
 
 def _restore(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.RestoreReport:
-    return backlog.restore(client, directory, SERVICE, max_value_bytes=MAX, now_ms=7)
+    return backlog.restore(Executor(client), directory, SERVICE, max_value_bytes=MAX, now_ms=7)
 
 
 def _ids(client: redis_py.Redis, key: str) -> list[str]:

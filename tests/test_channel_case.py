@@ -106,10 +106,10 @@ def test_take_inbound_files_any_case_under_the_lowercase_key(redis: redis_py.Red
     or a padded name is bad_channel, filed under the reserved key."""
     scripts, service = Scripts(load_scripts()), KeySpace().service()
     store = ConversationStore(redis)
-    store.run(scripts.ensure_group(service, group="g"))
+    store.executor.call(scripts.ensure_group(service, group="g"))
     good = {spelled: _add(redis, spelled) for names in SPELLINGS.values() for spelled in names}
     bad = {spelled: _add(redis, spelled) for spelled in REFUSED}
-    taken = store.run(scripts.take_inbound(service, group="g", consumer="c", count=100))
+    taken = store.executor.call(scripts.take_inbound(service, group="g", consumer="c", count=100))
     filed = {t.entry_id: (t.member, t.reason) for t in taken}
     for spelled, entry in good.items():
         assert filed[entry] == (f"{A}:{spelled.lower()}", ""), spelled

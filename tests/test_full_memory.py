@@ -36,10 +36,11 @@ from gridmem import (
 )
 from gridmem.embedded import EmbeddedValkey, cli_binary
 from gridmem.errors import BadScriptArgument
+from gridmem.executor import translate
 from gridmem.keys import KeySpace
 from gridmem.reads import clock_fields, context_read
 from gridmem.scripts import load_scripts
-from gridmem.store import AsyncConversationStore, translate
+from gridmem.store import AsyncConversationStore
 from tests.conftest import REAL_ENGINES
 from tests.helpers import avatar, dump_all
 
@@ -250,8 +251,8 @@ def test_the_read_context_fallback_replies_as_exec_does(
                 ),
             )  # fmt: skip
             assert call.fallback is not None
-            exec_replies = store._transaction(call.commands)
-            script_replies = store._run(call.fallback())
+            exec_replies = store.executor.transaction(call.commands)
+            script_replies = store.executor.call(call.fallback())
             # the same replies; a score may come back as a number or as its digits
             score = 2
             assert script_replies[:score] == exec_replies[:score]

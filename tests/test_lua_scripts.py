@@ -16,6 +16,7 @@ import redis as redis_py
 
 from gridmem.config import Limits
 from gridmem.errors import BadScriptArgument, CorruptState, ScriptError
+from gridmem.executor import translate
 from gridmem.keys import KeySpace
 from gridmem.records import Channel
 from gridmem.scripts import (
@@ -27,7 +28,6 @@ from gridmem.scripts import (
     load_scripts,
     lua_dir,
 )
-from gridmem.store import translate
 from tests.helpers import avatar
 
 SCRIPTS = load_scripts()

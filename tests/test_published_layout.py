@@ -17,8 +17,8 @@ import redis as redis_py
 
 from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
 from gridmem.errors import BadScriptArgument
+from gridmem.executor import translate
 from gridmem.scripts import load_scripts
-from gridmem.store import translate
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
 

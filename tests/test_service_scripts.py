@@ -28,7 +28,7 @@ def _rejected(redis: redis_py.Redis) -> dict[str, str]:
 
 @pytest.fixture
 def run(store: ConversationStore) -> Any:
-    return store.run
+    return store.executor.call
 
 
 def _add(redis: redis_py.Redis, **fields: str | bytes) -> str:

@@ -58,11 +58,11 @@ def test_script_error_is_mapped_and_not_retried(
 
     bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
-        store._run(bad)
+        store.executor.call(bad)
     assert sent() == ["FCALL", "FUNCTION", "FCALL"]  # a new server: the library is loaded once
     command_counter.commands.clear()
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
-        store._run(bad)
+        store.executor.call(bad)
     assert sent() == ["FCALL"]
 
 
@@ -70,7 +70,7 @@ def test_a_refused_call_leaves_no_state_for_the_next(store: ConversationStore) -
     """Library functions share lib.lua's locals between calls: bad_field must not stick."""
     bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
     with pytest.raises(BadScriptArgument):
-        store._run(bad)
+        store.executor.call(bad)
     store.record(A, "public", AvatarMessage(text="still fine"))
     assert [m.content for m in store.context(A, "public")] == ["still fine"]
     assert store.events() == []

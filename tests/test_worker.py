@@ -228,14 +228,14 @@ class Faults:
         self.patch.setattr(worker.service, "decode_inbound", decoding)
 
     def record(self) -> None:
-        record_checked = self.store.record_checked
+        record = self.store.record
 
-        async def recording(*args: Any, idempotency_key: str | None = None) -> Any:
-            if idempotency_key == self.poisoned:
+        async def recording(uuid: str, channel: str, item: Any, key: Any = None) -> Any:
+            if key == self.poisoned:  # the entry's own record, not its reply's
                 self.fail("record")
-            return await record_checked(*args, idempotency_key=idempotency_key)
+            return await record(uuid, channel, item, key)
 
-        self.patch.setattr(self.store, "record_checked", recording)
+        self.patch.setattr(self.store, "record", recording)
 
     def context(self) -> None:
         context = self.store.context
@@ -266,14 +266,16 @@ class Faults:
         self.patch.setattr(self.store, "record", recording)
 
     def publish(self) -> None:
-        run_call = self.store.run
+        run_call = self.store.executor.call
 
         async def running_call(call: Any) -> Any:
-            if call.script.name == "publish_reply" and self.poisoned in call.args:
+            # every command goes through the executor, the doors' reads too (no .script)
+            script = getattr(call, "script", None)
+            if script is not None and script.name == "publish_reply" and self.poisoned in call.args:
                 self.fail("publish")
             return await run_call(call)
 
-        self.patch.setattr(self.store, "run", running_call)
+        self.patch.setattr(self.store.executor, "call", running_call)
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -326,9 +328,11 @@ async def _die_during_an_attempt(
     from gridmem.scripts import Scripts
 
     keys, scripts = KeySpace().service(), Scripts()
-    step = await store.run(scripts.claim_key(keys, member=member, owner=owner, lease_ms=60_000))
+    step = await store.executor.call(
+        scripts.claim_key(keys, member=member, owner=owner, lease_ms=60_000)
+    )
     assert (step.entry_id, step.attempts, step.silent) == (entry_id, before, before)
-    count = await store.run(
+    count = await store.executor.call(
         scripts.begin_attempt(keys, member=member, owner=owner, entry_id=entry_id, token=owner)
     )
     assert (count.attempts, count.silent) == (before + 1, before)
@@ -347,10 +351,12 @@ def test_attempts_of_workers_that_died_count_across_restarts(
         store = AsyncConversationStore(client, Settings().conversation, clock=ManualClock())
         keys, scripts = KeySpace().service(), Scripts()
         # Given three workers that each claimed the key's head and died (leases gone)
-        await store.run(scripts.ensure_group(keys, group="workers"))
+        await store.executor.call(scripts.ensure_group(keys, group="workers"))
         fields = {"avatar_uuid": avatar(1), "channel": "im", "text": "deadly"}
         poisoned = (await client.xadd(INBOUND, fields)).decode()
-        await store.run(scripts.take_inbound(keys, group="workers", consumer="gone", count=10))
+        await store.executor.call(
+            scripts.take_inbound(keys, group="workers", consumer="gone", count=10)
+        )
         member = f"{avatar(1)}:im"
         for n in range(3):
             await _die_during_an_attempt(store, member, f"dead{n}", poisoned, n)
@@ -563,11 +569,11 @@ def test_an_entry_whose_earlier_attempt_died_runs_alone_in_its_worker(
     async def scenario() -> None:
         client = new_client()
         store = AsyncConversationStore(client, Settings().conversation, clock=ManualClock())
-        await store.run(Scripts().ensure_group(KeySpace().service(), group="workers"))
+        await store.executor.call(Scripts().ensure_group(KeySpace().service(), group="workers"))
         # Given an entry whose worker died in an attempt at it, and other keys' entries
         fields = {"avatar_uuid": avatar(1), "channel": "im", "text": "a SUSPECT message"}
         suspect = (await client.xadd(INBOUND, fields)).decode()
-        await store.run(
+        await store.executor.call(
             Scripts().take_inbound(KeySpace().service(), group="workers", consumer="x", count=9)
         )
         await _die_during_an_attempt(store, f"{avatar(1)}:im", "dead0", suspect, 0)

@@ -59,11 +59,12 @@ from typing import Any
 from gridmem.clock import Clock, make_clock
 from gridmem.config import Settings, WorkerSettings
 from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
+from gridmem.executor import RETRYABLE
 from gridmem.keys import KeySpace
 from gridmem.records import AgentReply, AvatarMessage, Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount, KeyStep
-from gridmem.store import OFFLOAD_TEXT_CHARS, RETRYABLE, AsyncConversationStore, connect_async
+from gridmem.store import OFFLOAD_TEXT_CHARS, AsyncConversationStore, connect_async
 from gridmem.validate import canonical_uuid, parse_channel
 from worker import metrics
 from worker.llm import (
@@ -260,7 +261,7 @@ class Worker:
         self._stopping.set()
 
     async def run(self) -> None:
-        await self.store.run(self.scripts.ensure_group(self.keys, group=GROUP))
+        await self.store.executor.call(self.scripts.ensure_group(self.keys, group=GROUP))
         orphans = asyncio.create_task(self._adopt_orphans())
         try:
             while not self._stopping.is_set():
@@ -289,10 +290,10 @@ class Worker:
     async def _take(self, count: int) -> int:
         call = self.scripts.take_inbound(self.keys, group=GROUP, consumer=self.name, count=count)
         try:
-            taken = await self.store.run(call)
+            taken = await self.store.executor.call(call)
         except NoConsumerGroup:
             # the server lost its data (restarted without persistence): start over
-            await self.store.run(self.scripts.ensure_group(self.keys, group=GROUP))
+            await self.store.executor.call(self.scripts.ensure_group(self.keys, group=GROUP))
             return 0
         for entry in taken:
             self._last_seen = max(self._last_seen, entry.entry_id, key=_stream_order)
@@ -305,7 +306,9 @@ class Worker:
         """Block (up to a second) until the stream has entries past the last one seen,
         or until stop(): a stopping worker does not sit out the read."""
         read = asyncio.ensure_future(
-            self.store.redis.xread({self.keys.inbound: self._last_seen}, count=100, block=1000)
+            self.store.executor.command(
+                "XREAD", "COUNT", 100, "BLOCK", 1000, "STREAMS", self.keys.inbound, self._last_seen
+            )
         )
         stopping = asyncio.ensure_future(self._stopping.wait())
         await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -325,7 +328,7 @@ class Worker:
         while not self._stopping.is_set():
             with contextlib.suppress(*RETRYABLE):
                 call = self.scripts.orphaned_keys(self.keys, sample=ORPHAN_SAMPLE)
-                for member in await self.store.run(call):
+                for member in await self.store.executor.call(call):
                     self._start(member)
             await self._pause(interval)
 
@@ -449,7 +452,7 @@ class Worker:
         return True
 
     async def _claim(self, member: str, also: str = "") -> KeyStep:
-        step: KeyStep = await self.store.run(
+        step: KeyStep = await self.store.executor.call(
             self.scripts.claim_key(
                 self.keys, member=member, owner=self.name, lease_ms=self.lease_ms, also=also
             )
@@ -459,7 +462,7 @@ class Worker:
     async def _begin(
         self, member: str, entry_id: str, token: str, also: str, failed: str
     ) -> AttemptCount:
-        count: AttemptCount = await self.store.run(
+        count: AttemptCount = await self.store.executor.call(
             self.scripts.begin_attempt(
                 self.keys,
                 member=member,
@@ -493,14 +496,14 @@ class Worker:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             with contextlib.suppress(*RETRYABLE):
-                await self.store.run(
+                await self.store.executor.call(
                     self.scripts.renew_lease(
                         self.keys, member=member, owner=self.name, lease_ms=self.lease_ms
                     )
                 )
 
     async def _finish(self, entry_id: str, member: str) -> KeyStep:
-        step: KeyStep = await self.store.run(
+        step: KeyStep = await self.store.executor.call(
             self.scripts.finish_entry(
                 self.keys,
                 group=GROUP,
@@ -523,12 +526,12 @@ class Worker:
         the entry with it: not answered, not lost, not retried as poison.
         finish_entry deletes the record with the entry.
         """
-        await self.store.redis.hset(self.keys.rejected, entry_id, reason)
+        await self.store.executor.command("HSET", self.keys.rejected, entry_id, reason)
         await self._dead_letter(entry_id, reason, member=member)
 
     async def _dead_letter(self, entry_id: str, reason: str, *, member: str) -> None:
         """Record the rejection on gm:dead; the caller then finishes the entry."""
-        await self.store.run(
+        await self.store.executor.call(
             self.scripts.dead_letter(
                 self.keys, entry_id=entry_id, reason=reason, max_entries=DEAD_MAX_ENTRIES
             )
@@ -541,14 +544,14 @@ class Worker:
     # -- one entry ---------------------------------------------------------------------------
 
     async def _answer_entry(self, member: str, entry_id: str) -> None:
-        raw = await self.store.run(self.scripts.read_inbound(self.keys, entry_id=entry_id))
+        raw = await self.store.executor.call(
+            self.scripts.read_inbound(self.keys, entry_id=entry_id)
+        )
         limits = self.settings.conversation.limits
         try:
             fields = decode_inbound(raw, limits.max_input_bytes)
             uuid, channel, text = check_inbound(fields, limits.max_input_bytes)
-            _, seen = await self.store.record_checked(
-                uuid, channel, AvatarMessage(text=text), idempotency_key=entry_id
-            )
+            recorded = await self.store.record(uuid, channel, AvatarMessage(text=text), entry_id)
         except Rejected as bad:
             await self._reject(entry_id, bad.reason, member=member)
             return
@@ -559,9 +562,9 @@ class Worker:
             await self._reject(entry_id, "bad_text", member=member)
             return
         reply_key = f"{entry_id}:reply"
-        if seen and await self._republish(uuid, channel, entry_id, reply_key):
+        if recorded.duplicate and await self._republish(uuid, channel, entry_id, reply_key):
             return
-        if not seen:
+        if not recorded.duplicate:
             metrics.RECORDS.labels("avatar_message").inc()
         reply = await self._ask(uuid, channel, await _display_name(fields.get("avatar_name")))
         answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
@@ -626,7 +629,7 @@ class Worker:
     async def _publish(
         self, uuid: str, channel: str, text: str, entry_id: str, session_id: str
     ) -> None:
-        await self.store.run(
+        await self.store.executor.call(
             self.scripts.publish_reply(
                 self.keys,
                 avatar_uuid=uuid,

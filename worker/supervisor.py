@@ -32,7 +32,7 @@ from gridmem.config import Settings, endpoints
 from gridmem.embedded import SharedValkey
 from gridmem.errors import GridmemError
 from gridmem.keys import KeySpace
-from gridmem.store import ConversationStore, connect, log_backlog_restored
+from gridmem.store import ConversationStore, log_backlog_restored, open_store
 from worker.service import GROUP, run_worker_process, settings_clock
 
 log = logging.getLogger("gridmem.supervisor")
@@ -156,16 +156,7 @@ class Supervisor:
             # shared with the library users of the same storage_path (SharedValkey)
             self.embedded = SharedValkey(settings.storage_path / "valkey", settings)
             self.url = self.embedded.url
-        conversation = settings.conversation
-        snapshot_dir = None
-        if conversation.persistence_enabled:
-            snapshot_dir = settings.storage_path / "conversations"
-        self.store = ConversationStore(
-            connect(self.url),
-            conversation,
-            clock=settings_clock(settings.worker),
-            snapshot_dir=snapshot_dir,
-        )
+        self.store = open_store(settings, self.url, clock=settings_clock(settings.worker))
         self._attach_or_prepare()
         self._start_metrics()
         for slot in self._slots:
@@ -204,7 +195,7 @@ class Supervisor:
                     log.error("restoring the stream backlog failed: %s", exc)
         conversation = self.settings.conversation
         service = KeySpace(conversation.namespace, conversation.shards).service()
-        self.store.run(self.store.scripts.ensure_group(service, group=GROUP))
+        self.store.executor.call(self.store.scripts.ensure_group(service, group=GROUP))
         self.store.publish_limits()
 
     def _revive_store(self) -> None:
@@ -349,7 +340,7 @@ class Supervisor:
         conversation = self.settings.conversation
         service = KeySpace(conversation.namespace, conversation.shards).service()
         try:
-            return self.store.run(self.store.scripts.read_backlog(service))
+            return self.store.executor.call(self.store.scripts.read_backlog(service))
         except Exception:  # the stop goes on; the count only feeds a warning
             return 0
 

@@ -1,0 +1,151 @@
+"""The executors (gridmem/executor.py) are the only code that sends commands.
+
+An AST scan of the library and the service finds no command sent anywhere else,
+and the executors' own duties are pinned here through both I/O styles: a server
+without gridmem's function library gets it loaded and the call made once more,
+and a closed executor sends nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+
+from gridmem import AvatarMessage, ConversationStore
+from gridmem.errors import StoreClosed
+from gridmem.executor import AsyncExecutor, Executor
+from gridmem.scripts import Scripts
+from tests.conftest import CommandCounter
+from tests.helpers import avatar
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# redis-py's ways to send a command, the raw connection's included. Names as
+# generic as get/set/delete/scan/info are left out (dicts, paths, logs):
+# `.redis.<anything>(` is caught instead.
+SENDS = {
+    "execute_command", "send_command", "send_packed_command", "read_response",
+    "pipeline", "transaction", "fcall", "fcall_ro", "function_load", "function_flush",
+    "eval", "evalsha", "script_load", "xread", "xreadgroup", "xadd", "xack",
+    "xautoclaim", "xclaim", "xlen", "xrange", "xrevrange", "xgroup_create", "hset",
+    "hget", "hgetall", "hdel", "hincrby", "zadd", "zrange", "zcard", "zrem", "lrange",
+    "smembers", "scan_iter", "hscan", "zscan", "flushall",
+}  # fmt: skip
+# The one module that sends. worker/demo.py plays the grid's bridge, an outside
+# client of the published streams (it writes gm:inbound, reads gm:outbound and
+# dumps every key to prove nothing unredacted is stored): it must not go through
+# gridmem's executor, or the demo would not show what a bridge sees.
+# gridmem/embedded.py pings and shuts down the server it runs (ping, shutdown: not
+# in SENDS): the server's life, not its data.
+SENDERS = {"gridmem/executor.py", "worker/demo.py"}
+
+
+def command_calls(path: Path) -> list[str]:
+    """`line: name` of every call in a file that sends a command through redis-py."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        owner = node.func.value
+        on_client = isinstance(owner, ast.Attribute) and owner.attr == "redis"
+        if node.func.attr in SENDS or on_client:
+            found.append((node.lineno, node.func.attr))
+    return [f"{line}: {name}" for line, name in sorted(found)]
+
+
+def test_only_the_executor_sends_commands() -> None:
+    files = sorted([*ROOT.glob("gridmem/*.py"), *ROOT.glob("worker/*.py")])
+    assert ROOT / "gridmem/executor.py" in files
+    offenders = {
+        f"{path.relative_to(ROOT)}:{call}"
+        for path in files
+        if str(path.relative_to(ROOT)) not in SENDERS
+        for call in command_calls(path)
+    }
+    assert not offenders
+
+
+def test_the_scan_sees_a_command_sent_elsewhere(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "async def f(self):\n"
+        "    await self.store.redis.hset('k', 'f', 'v')\n"
+        "    await client.xread({'s': '0'}, block=1000)\n"
+        "    return conn.execute_command('PING')\n"
+    )
+    assert command_calls(sample) == ["2: hset", "3: xread", "4: execute_command"]
+    assert command_calls(ROOT / "gridmem/executor.py")  # the executor's own are seen
+
+
+def _ensure_group() -> Any:
+    from gridmem.keys import KeySpace
+
+    return Scripts().ensure_group(KeySpace().service(), group="g")
+
+
+def test_a_flushed_library_is_loaded_again_and_the_call_made_once_more(
+    redis: Any, command_counter: CommandCounter
+) -> None:
+    """FUNCTION FLUSH (or a new server) between two calls: the executor loads the
+    library and repeats the call; the caller sees only its reply."""
+    store = ConversationStore(redis)
+    store.record(avatar(1), "im", AvatarMessage(text="before the flush"))
+    redis.function_flush()
+    command_counter.commands.clear()
+    store.executor.call(_ensure_group())
+    sent = [c for c in command_counter.commands if c != "<connection>"]
+    assert sent == ["FCALL", "FUNCTION", "FCALL"]
+    assert [m.content for m in store.context(avatar(1), "im")] == ["before the flush"]
+
+
+def test_the_async_executor_loads_a_missing_library_too(redis: Any) -> None:
+    if isinstance(redis, fakeredis.FakeRedis):
+        server = redis.connection_pool.connection_kwargs["server"]
+        client: Any = fakeredis.FakeAsyncRedis(server=server)
+    else:
+        from gridmem.store import connect_async
+
+        kwargs = redis.connection_pool.connection_kwargs
+        where = kwargs.get("path")
+        client = connect_async(
+            f"unix://{where}" if where else f"redis://{kwargs['host']}:{kwargs['port']}"
+        )
+
+    async def scenario() -> tuple[int, int]:
+        executor = AsyncExecutor(client)
+        try:
+            await executor.command("FUNCTION", "FLUSH")
+            before = len(await executor.command("FUNCTION", "LIST"))
+            await executor.call(_ensure_group())
+            return before, len(await executor.command("FUNCTION", "LIST"))
+        finally:
+            await executor.aclose()
+
+    assert asyncio.run(scenario()) == (0, 1)  # the library, loaded by the call
+
+
+def test_a_closed_executor_sends_nothing(redis: Any, command_counter: CommandCounter) -> None:
+    executor = Executor(redis)
+    executor.close()
+    command_counter.commands.clear()
+    with pytest.raises(StoreClosed):
+        executor.call(_ensure_group())
+    with pytest.raises(StoreClosed):
+        executor.command("PING")
+    with pytest.raises(StoreClosed):
+        executor.transaction((("PING",),))
+    assert command_counter.commands == []
+
+
+def test_a_replayed_record_says_it_was_a_duplicate(redis: Any) -> None:
+    store = ConversationStore(redis)
+    first = store.record(avatar(1), "im", AvatarMessage(text="once"), idempotency_key="k1")
+    again = store.record(avatar(1), "im", AvatarMessage(text="once"), idempotency_key="k1")
+    other = store.record(avatar(1), "im", AvatarMessage(text="twice"), idempotency_key="k2")
+    assert (first.duplicate, again.duplicate, other.duplicate) == (False, True, False)
+    assert again == first and again.seq == first.seq
