@@ -334,12 +334,19 @@ def _read(
     return entries
 
 
+def _text(value: Any) -> str:
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+
+
 def _last_id(executor: Executor, key: str) -> tuple[int, int]:
     """The stream's last generated ID ((0, 0) when it does not exist)."""
     try:
         info = executor.command("XINFO", "STREAM", key)
     except redis.ResponseError:  # no such key
         return (0, 0)
+    if isinstance(info, list):  # RESP2 without a callback: field, value, field, value...
+        info = dict(zip(info[::2], info[1::2], strict=True))
+    info = {_text(k): v for k, v in info.items()}  # field names may come as bytes
     raw = info["last-generated-id"]
     parsed = parse_id(raw.decode("ascii") if isinstance(raw, bytes) else str(raw))
     return parsed or (0, 0)

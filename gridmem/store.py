@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import redis
 import redis.asyncio as redis_async
@@ -563,6 +563,14 @@ class AsyncConversationStore:
         """As ConversationStore.restore: the newest valid generation, once. Never raises."""
         return await self._files.in_thread(ConversationStore.restore)
 
+    async def save_backlog(self) -> backlog.SaveReport | None:
+        """As ConversationStore.save_backlog."""
+        return await self._files.in_thread(ConversationStore.save_backlog)
+
+    async def restore_backlog(self) -> backlog.RestoreReport | None:
+        """As ConversationStore.restore_backlog."""
+        return await self._files.in_thread(ConversationStore.restore_backlog)
+
     @property
     def scripts(self) -> Scripts:
         return self._ops.scripts
@@ -635,6 +643,7 @@ class _LoopDrivenFiles(ConversationStore):
         self._permissions_reported = False
         self._door = door
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.executor = cast(Executor, _LoopDrivenCommands(self))
 
     async def in_thread(self, method: Callable[[ConversationStore], T]) -> T:
         self._loop = asyncio.get_running_loop()
@@ -643,6 +652,24 @@ class _LoopDrivenFiles(ConversationStore):
     def _drive(self, op: Op[T]) -> T:
         assert self._loop is not None, "only called from in_thread"
         return asyncio.run_coroutine_threadsafe(self._door._drive(op), self._loop).result()
+
+
+class _LoopDrivenCommands:
+    """The plain commands of the backlog code (an Executor's `command`), sent by the
+    async door's executor on its loop while the file code runs in a worker thread."""
+
+    def __init__(self, files: _LoopDrivenFiles) -> None:
+        self._files = files
+
+    @property
+    def closed(self) -> bool:
+        return self._files._door.executor.closed
+
+    def command(self, *args: Any) -> Any:
+        loop = self._files._loop
+        assert loop is not None, "only called from in_thread"
+        coroutine = self._files._door.executor.command(*args)
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
 
 class _Done(NamedTuple):

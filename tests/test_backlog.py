@@ -5,14 +5,16 @@ Against a real server (XADD at explicit IDs and XINFO STREAM as Valkey does them
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_py
 
-from gridmem import backlog
+from gridmem import AsyncConversationStore, backlog, connect_async
 from gridmem.config import Limits
 from gridmem.executor import Executor
 from gridmem.keys import KeySpace
@@ -224,3 +226,24 @@ def test_a_signed_file_with_an_entry_the_streams_do_not_have_adds_nothing(
     restored = _restore(real_redis, directory)
     assert restored.quarantined == cause
     assert real_redis.xlen(SERVICE.inbound) == 0 and real_redis.xlen(SERVICE.outbound) == 0
+
+
+def test_the_async_door_saves_and_restores_the_backlog_as_the_blocking_one(
+    real_servers: dict[str, Any], real_redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    """Both doors have the same methods; the async one runs the file code in a thread
+    and sends its commands on its own loop."""
+    inbound, outbound = _fill(real_redis)
+    url = real_servers["valkey"].url
+
+    async def save_then_restore() -> tuple[Any, Any]:
+        async with AsyncConversationStore(connect_async(url), snapshot_dir=tmp_path) as door:
+            saved = await door.save_backlog()
+            real_redis.flushall()
+            return saved, await door.restore_backlog()
+
+    saved, restored = asyncio.run(save_then_restore())
+    assert (saved.inbound, saved.outbound) == (len(inbound), len(outbound))
+    assert (restored.inbound, restored.outbound) == (len(inbound), len(outbound))
+    assert [e[0].decode() for e in real_redis.xrange(SERVICE.inbound)] == inbound
+    assert not (tmp_path / backlog.BACKLOG_FILE).exists()
