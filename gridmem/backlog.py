@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from gridmem.keys import ServiceKeys
+from gridmem.keys import INBOUND_FIELDS, OUTBOUND_FIELDS, ServiceKeys
 from gridmem.redaction import DEFAULT_REDACTOR, Redactor
 from gridmem.snapshots import (
     HEADER_SIZE,
@@ -80,9 +80,6 @@ MAX_OUTBOUND = 10_000  # outbound entries saved, the newest
 MAX_PAYLOAD_BYTES = 256 * 1024 * 1024  # inbound first, then outbound, until this is reached
 PAGE = 500  # entries read per XRANGE / XREVRANGE call
 
-# The stream contract (docs/streams.md): the fields an entry of each stream may have.
-INBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "avatar_name"})
-OUTBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "in_reply_to", "session_id"})
 _STREAM_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
 _U64 = 2**64
 

@@ -91,6 +91,12 @@ class ShardKeys:
         return self.lru_public if channel is Channel.PUBLIC else self.lru_im
 
 
+# The stream contract (docs/streams.md): the fields an entry of each service stream may
+# have. The service refuses other inbound fields; the backlog file holds no others.
+INBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "avatar_name"})
+OUTBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "in_reply_to", "session_id"})
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceKeys:
     """Stream contract (DESIGN section 11) plus the per-key mailboxes' index.

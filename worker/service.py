@@ -60,7 +60,7 @@ from gridmem.clock import Clock, make_clock
 from gridmem.config import Settings, WorkerSettings
 from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from gridmem.executor import RETRYABLE
-from gridmem.keys import KeySpace
+from gridmem.keys import INBOUND_FIELDS, KeySpace
 from gridmem.records import AgentReply, AvatarMessage, Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount, KeyStep
@@ -84,7 +84,6 @@ GROUP = "workers"
 TAKE_COUNT = 100  # inbound entries filed per take_inbound call
 DEAD_MAX_ENTRIES = 10_000  # dead-letter stream, exact MAXLEN
 OUTBOUND_MAX_ENTRIES = 100_000  # outbound stream, approximate MAXLEN
-INBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "avatar_name"})
 ORPHAN_SAMPLE = 100
 
 
