@@ -45,8 +45,8 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,35 @@ def _outbound(executor: Executor, key: str) -> list[tuple[Any, Any]]:
     return got
 
 
+@dataclass
+class _Collector:
+    """The lines of one save, within MAX_PAYLOAD_BYTES; what is left out is counted."""
+
+    report: SaveReport
+    redactor: Redactor
+    lines: list[bytes] = field(default_factory=list)
+    budget: int = MAX_PAYLOAD_BYTES
+
+    def keep(self, stream: str, entries: Iterable[tuple[Any, Any]], most: int) -> int:
+        """Add one stream's entries while `most` and the byte budget allow; how many."""
+        allowed = INBOUND_FIELDS if stream == "inbound" else OUTBOUND_FIELDS
+        kept = 0
+        for entry_id, fields in entries:
+            decoded = _decode(entry_id, fields, allowed)
+            # a reply always has every field (publish_reply writes them all)
+            if decoded is None or (stream == "outbound" and set(decoded[1]) != allowed):
+                self.report.dropped += 1
+                continue
+            line = _line(stream, *decoded, self.redactor)
+            if kept >= most or len(line) > self.budget:
+                self.report.over_bounds += 1
+                continue
+            self.budget -= len(line)
+            self.lines.append(line)
+            kept += 1
+        return kept
+
+
 def save(
     executor: Executor,
     directory: SnapshotDirectory,
@@ -184,35 +213,10 @@ def save(
     be written (the older file is then untouched), redis errors if the server
     cannot be read."""
     report = SaveReport()
-    lines: list[bytes] = []
-    budget = MAX_PAYLOAD_BYTES
-    for entry_id, fields in _inbound(executor, service.inbound):
-        decoded = _decode(entry_id, fields, INBOUND_FIELDS)
-        if decoded is None:
-            report.dropped += 1
-            continue
-        if report.inbound >= MAX_INBOUND:
-            report.over_bounds += 1
-            continue
-        line = _line("inbound", *decoded, redactor)
-        if len(line) > budget:
-            report.over_bounds += 1
-            continue
-        budget -= len(line)
-        lines.append(line)
-        report.inbound += 1
-    for entry_id, fields in _outbound(executor, service.outbound):
-        decoded = _decode(entry_id, fields, OUTBOUND_FIELDS)
-        if decoded is None or set(decoded[1]) != OUTBOUND_FIELDS:
-            report.dropped += 1
-            continue
-        line = _line("outbound", *decoded, redactor)
-        if len(line) > budget:
-            report.over_bounds += 1
-            continue
-        budget -= len(line)
-        lines.append(line)
-        report.outbound += 1
+    collect = _Collector(report, redactor)  # inbound first: what waits matters most
+    report.inbound = collect.keep("inbound", _inbound(executor, service.inbound), MAX_INBOUND)
+    report.outbound = collect.keep("outbound", _outbound(executor, service.outbound), MAX_OUTBOUND)
+    lines = collect.lines
     with directory.locked():
         final = directory.directory / BACKLOG_FILE
         if not lines:
