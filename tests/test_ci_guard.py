@@ -55,20 +55,28 @@ def test_real_but_skipped():
 """
 
 
-@pytest.fixture
-def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A project with our conftest, 3 real-server tests, and real_tests.toml saying so."""
+def inner_project(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, markers: str, **files: str
+) -> pytest.Pytester:
+    """A project with our conftest, `files`, and real_tests.toml saying 3 valkey tests,
+    run under CI=true (and not as a subset run, unless a test says so)."""
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_a=REAL_ONES, test_b=PARAMETRIZED)
-    pytester.makeini("[pytest]\nmarkers =\n    real: r\n    fake: f\n")
+    pytester.makepyfile(**files)
+    pytester.makeini(f"[pytest]\nmarkers =\n    real: r\n    fake: f\n{markers}")
     expected = {name: 3 if name == "valkey" else 0 for name in ("valkey", "redis")}
     pytester.path.joinpath("real_tests.toml").write_text(
         "".join(f"{name} = {count}\n" for name, count in expected.items())
     )
     monkeypatch.setenv("CI", "true")
-    # the outer run may be one of .ci/run's subset runs: the inner one is not, unless a test says so
+    # the outer run may be one of .ci/run's subset runs: the inner one is not
     monkeypatch.delenv("CI_SUBSET", raising=False)
     return pytester
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """3 real-server tests (test_a, and a parametrized one in test_b)."""
+    return inner_project(pytester, monkeypatch, "", test_a=REAL_ONES, test_b=PARAMETRIZED)
 
 
 def test_the_whole_suite_passes_the_guard(inner: pytest.Pytester) -> None:

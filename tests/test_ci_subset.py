@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ci_guard import CONFTEST, REAL_ONES, SKIPPING
+from tests.test_ci_guard import REAL_ONES, SKIPPING, inner_project
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = """
@@ -29,18 +29,8 @@ def test_real_and_slow():
 
 @pytest.fixture
 def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """Our conftest, 3 real-server tests (one slow), real_tests.toml saying 3."""
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_a=REAL_ONES, test_slow=SLOW)
-    pytester.makeini("[pytest]\nmarkers =\n    real: r\n    fake: f\n    slow: s\n")
-    expected = {name: 3 if name == "valkey" else 0 for name in ("valkey", "redis")}
-    pytester.path.joinpath("real_tests.toml").write_text(
-        "".join(f"{name} = {count}\n" for name, count in expected.items())
-    )
-    monkeypatch.setenv("CI", "true")
-    # the outer run may be one of .ci/run's subset runs: the inner one is not, unless a test says so
-    monkeypatch.delenv("CI_SUBSET", raising=False)
-    return pytester
+    """3 real-server tests, one of them slow."""
+    return inner_project(pytester, monkeypatch, "    slow: s\n", test_a=REAL_ONES, test_slow=SLOW)
 
 
 def test_a_fast_run_under_ci_fails_the_guard_without_ci_subset(inner: pytest.Pytester) -> None:
@@ -74,9 +64,15 @@ def test_ci_run_runs_the_fast_suite_on_each_other_python() -> None:
     run = ROOT / ".ci" / "run"
     text = run.read_text(encoding="utf-8")
     assert "for version in 3.12 3.13" in text
-    assert (
-        'CI_SUBSET="fast suite, python$version" "$venv/bin/python" -m pytest -m "not slow"' in text
+    command = text.replace("\\\n", " ")  # the command, its continuation lines joined
+    assert re.search(
+        r'CI_SUBSET="fast suite, python\$version" HYPOTHESIS_PROFILE=ci-subset\s+'
+        r'"\$venv/bin/python" -m pytest -m "not slow"',
+        command,
     )
+    # side by side: each in the background, and every one waited for
+    assert re.search(r'^\s*\) >"\$log" 2>&1 &$', text, re.M)
+    assert 'wait "${pids[$i]}"' in text
     subprocess.run(["bash", "-n", str(run)], check=True)
     finder = re.search(r"^find_python\(\) \{.*?^\}", text, re.M | re.S)
     assert finder is not None
