@@ -162,6 +162,17 @@ def _target(settings: Settings, clock: Clock | None) -> _Target:
     return _Target(shared.url, shared, snapshot_dir)
 
 
+def _door_state(
+    config: ConversationConfig | None, clock: Clock | None, snapshot_dir: str | Path | None
+) -> tuple[ConversationConfig, Clock, Path | None, Operations]:
+    """What either door holds besides its client and executor: the configuration, the
+    clock, the snapshot directory, and the operations both drive (written once)."""
+    config = config or ConversationConfig()
+    clock = clock or SystemClock()
+    directory = Path(snapshot_dir) if snapshot_dir is not None else None
+    return config, clock, directory, Operations(config, clock)
+
+
 class ConversationStore:
     """Bounded, isolated conversation memory over one Redis-compatible server.
 
@@ -180,15 +191,14 @@ class ConversationStore:
     ) -> None:
         self.redis = redis_client
         self.executor = Executor(redis_client)
-        self.config = config or ConversationConfig()
-        self.clock: Clock = clock or SystemClock()
-        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
-        self._ops = Operations(self.config, self.clock)
+        self.config, self.clock, self.snapshot_dir, self._ops = _door_state(
+            config, clock, snapshot_dir
+        )
         # Persistence is on when there is a place for it (DESIGN section 10).
         self.snapshots: SnapshotDirectory | None = None
-        if snapshot_dir is not None:
+        if self.snapshot_dir is not None:
             self.snapshots = SnapshotDirectory(
-                Path(snapshot_dir), self.config.limits, DEFAULT_REDACTOR
+                self.snapshot_dir, self.config.limits, DEFAULT_REDACTOR
             )
         self._permissions_reported = False
         self._shared: SharedValkey | None = None  # from_config's private server
@@ -470,10 +480,9 @@ class AsyncConversationStore:
     ) -> None:
         self.redis = redis_client
         self.executor = AsyncExecutor(redis_client)
-        self.config = config or ConversationConfig()
-        self.clock: Clock = clock or SystemClock()
-        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else None
-        self._ops = Operations(self.config, self.clock)
+        self.config, self.clock, self.snapshot_dir, self._ops = _door_state(
+            config, clock, snapshot_dir
+        )
         self._files = _LoopDrivenFiles(self)
         self._shared: SharedValkey | None = None  # from_config's private server
 

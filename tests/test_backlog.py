@@ -63,6 +63,14 @@ def _fill(client: redis_py.Redis) -> tuple[list[str], list[str]]:
     return inbound, outbound
 
 
+def _saved(client: redis_py.Redis, tmp_path: Path) -> tuple[SnapshotDirectory, Path]:
+    """A snapshot directory holding the backlog of freshly filled streams, and its file."""
+    directory = _directory(tmp_path)
+    _fill(client)
+    _save(client, directory)
+    return directory, directory.directory / backlog.BACKLOG_FILE
+
+
 def _save(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.SaveReport:
     return backlog.save(Executor(client), directory, SERVICE, created_ms=1)
 
@@ -118,10 +126,7 @@ def test_restoring_into_a_stream_that_holds_them_adds_nothing(
 def test_a_tampered_byte_is_quarantined_and_adds_nothing(
     real_redis: redis_py.Redis, tmp_path: Path, where: str
 ) -> None:
-    directory = _directory(tmp_path)
-    _fill(real_redis)
-    _save(real_redis, directory)
-    path = directory.directory / backlog.BACKLOG_FILE
+    directory, path = _saved(real_redis, tmp_path)
     data = bytearray(path.read_bytes())
     at = {"header": 20, "payload": HEADER_SIZE + 30, "last": len(data) - 2}[where]
     data[at] ^= 0x01
@@ -139,10 +144,7 @@ def test_a_tampered_byte_is_quarantined_and_adds_nothing(
 def test_a_truncated_file_is_quarantined(
     real_redis: redis_py.Redis, tmp_path: Path, keep: int
 ) -> None:
-    directory = _directory(tmp_path)
-    _fill(real_redis)
-    _save(real_redis, directory)
-    path = directory.directory / backlog.BACKLOG_FILE
+    directory, path = _saved(real_redis, tmp_path)
     path.write_bytes(path.read_bytes()[:keep])
     real_redis.flushall()
     restored = _restore(real_redis, directory)
