@@ -475,6 +475,11 @@ def _read_line(fd: int, timeout: float) -> str:
     return got.decode("utf-8", "replace")
 
 
+# Writes held while the last backlog is saved, until the server stops (it always
+# does after final_flush); long enough for the largest backlog's save.
+FINAL_PAUSE_MS = 120_000
+
+
 def final_flush(settings: Settings | None, url: str) -> None:
     """Write the server's live sessions to a snapshot, if `settings` turn persistence
     on. Never raises: the server is stopped anyway, and older snapshots remain."""
@@ -491,7 +496,11 @@ def final_flush(settings: Settings | None, url: str) -> None:
             if info is not None:
                 log.info("snapshot generation %d: %d sessions", info.generation, info.sessions)
             # the streams are in this server's memory only: their backlog goes to
-            # disk too (gridmem/backlog.py), and the next server's start adds it back
+            # disk too (gridmem/backlog.py), and the next server's start adds it back.
+            # The server stops after this: from here on no client's write is
+            # acknowledged (a bridge's XADD waits, then fails as the server goes, so
+            # the bridge posts it again) and none is missing from the saved file.
+            store.executor.command("CLIENT", "PAUSE", FINAL_PAUSE_MS, "WRITE")
             saved = store.save_backlog()
             if saved is not None:
                 log_backlog_saved(saved)

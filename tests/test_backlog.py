@@ -15,7 +15,8 @@ import pytest
 import redis as redis_py
 
 from gridmem import AsyncConversationStore, backlog, connect_async
-from gridmem.config import Limits
+from gridmem.config import Limits, Settings
+from gridmem.embedded import EmbeddedValkey, final_flush
 from gridmem.executor import Executor
 from gridmem.keys import KeySpace
 from gridmem.redaction import DEFAULT_REDACTOR
@@ -249,3 +250,36 @@ def test_the_async_door_saves_and_restores_the_backlog_as_the_blocking_one(
     assert (restored.inbound, restored.outbound) == (len(inbound), len(outbound))
     assert [e[0].decode() for e in real_redis.xrange(SERVICE.inbound)] == inbound
     assert not (tmp_path / backlog.BACKLOG_FILE).exists()
+
+
+def test_a_post_during_the_last_save_is_saved_or_refused_never_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's last save (embedded.final_flush) reads gm:inbound, then the server
+    stops. A bridge's XADD that the server acknowledges after that read must be in
+    the file; otherwise the bridge believes it posted a message nobody will answer."""
+    settings = Settings(storage_path=tmp_path, conversation={"persistence_enabled": True})
+    fields = {"avatar_uuid": avatar(1), "channel": "im", "text": "posted during the stop"}
+    with EmbeddedValkey(tmp_path / "valkey") as server:
+        bridge = redis_py.Redis(unix_socket_path=str(server.socket_path))
+        bridge.xadd(SERVICE.inbound, fields)
+        connection = bridge.connection_pool.get_connection()
+        read_outbound = backlog._outbound
+
+        def a_bridge_posts_meanwhile(executor: Executor, key: str) -> list[tuple[Any, Any]]:
+            connection.send_command("XADD", SERVICE.inbound, "*", *sum(fields.items(), ()))
+            return read_outbound(executor, key)
+
+        monkeypatch.setattr(backlog, "_outbound", a_bridge_posts_meanwhile)
+        final_flush(settings, server.url)
+        monkeypatch.undo()
+        server.stop()
+        try:
+            accepted: str | None = connection.read_response().decode()
+        except (redis_py.ConnectionError, OSError):
+            accepted = None  # refused: the bridge knows to post it again
+        connection.disconnect()
+    data = (tmp_path / "conversations" / backlog.BACKLOG_FILE).read_bytes()
+    if accepted is not None:
+        assert f'"id":"{accepted}"'.encode() in data, "acknowledged, then lost"
+    assert data.count(b'"stream":"inbound"') == 1

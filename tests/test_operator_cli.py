@@ -113,6 +113,28 @@ def test_stats(server: EmbeddedValkey, store: ConversationStore, client_binary: 
     assert "sessions" in table and "of 10,000" in table and MARK not in table
 
 
+def test_a_reader_that_goes_away_early_gets_no_traceback(
+    server: EmbeddedValkey, store: ConversationStore, client_binary: str
+) -> None:
+    """`gridmem-cli stats | head -1`: the pipe closes before the output is written;
+    like any Unix tool, the CLI stops quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [str(CLI), "-s", str(server.socket_path), "stats"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            check=False,
+            text=True,
+            timeout=60,
+            env={**os.environ, "GRIDMEM_REDIS_CLI": client_binary},
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
 class Follower:
     """`gridmem-cli events --follow` in the background, read with a deadline: a hang fails."""
 
