@@ -103,6 +103,7 @@ class RestoreReport:
     inbound: int = 0  # entries added
     outbound: int = 0
     skipped: int = 0  # valid entries not added: the stream already had their IDs
+    renumbered: int = 0  # inbound entries a new server had posts above: added at new IDs
     quarantined: str | None = None  # why the file was refused, if it was
 
 
@@ -224,15 +225,28 @@ def save(
                 final.unlink()
                 _fsync_directory(directory.directory, directory.posix)
             return report
-        report.bytes = _write(directory, final, lines, created_ms)
+        report.bytes = _write(directory, final, lines, created_ms, _server_id(executor))
     return report
 
 
-def _write(directory: SnapshotDirectory, final: Path, lines: list[bytes], created_ms: int) -> int:
+def _server_id(executor: Executor) -> str:
+    """The server's run_id: a new one each time a server starts (INFO server)."""
+    info = executor.command("INFO", "server")
+    if isinstance(info, bytes | str):  # no reply callback: the raw text
+        text = info.decode("utf-8", "replace") if isinstance(info, bytes) else info
+        info = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return _text(info.get("run_id", info.get(b"run_id", ""))).strip()[:64]
+
+
+def _write(
+    directory: SnapshotDirectory, final: Path, lines: list[bytes], created_ms: int, server: str
+) -> int:
     key = directory.key()
     payload = b"".join(lines)
+    # the header's boot_id field names the server the entries were read from: restore
+    # tells a server that still holds them (or answered them) from a new one
     header = Header(
-        FORMAT_VERSION, 0, created_ms, "", len(payload), hashlib.sha256(payload).digest(), MAGIC
+        FORMAT_VERSION, 0, created_ms, server, len(payload), hashlib.sha256(payload).digest(), MAGIC
     )
     temp = directory.directory / f"{TEMP_PREFIX}backlog-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -301,8 +315,9 @@ def _check_line(raw: bytes, max_value_bytes: int, redactor: Redactor) -> _Entry:
 
 def _read(
     directory: SnapshotDirectory, path: Path, max_value_bytes: int, redactor: Redactor
-) -> list[_Entry]:
-    """Every entry of a file that passes every check; SnapshotInvalid otherwise."""
+) -> tuple[str, list[_Entry]]:
+    """The saving server's run_id and every entry of a file that passes every check;
+    SnapshotInvalid otherwise."""
     key = directory.key(create=False)
     try:
         with _open_regular(path) as fh:
@@ -332,7 +347,7 @@ def _read(
         raise SnapshotInvalid("oversized", "more entries than a backlog holds")
     if payload and not payload.endswith(b"\n"):
         raise SnapshotInvalid("truncated", "the last line is cut")
-    return entries
+    return header.boot_id, entries
 
 
 def _text(value: Any) -> str:
@@ -376,26 +391,39 @@ def restore(
             return report
         report.found = True
         try:
-            entries = _read(directory, path, max_value_bytes, redactor)
+            saved_by, entries = _read(directory, path, max_value_bytes, redactor)
         except SnapshotInvalid as exc:
             report.quarantined = exc.cause
             if not directory.quarantine(path, f"{BACKLOG_FILE}.{now_ms}"):
                 # never input: it stays where it is and is refused again next time
                 log.error("the stream backlog could not be moved to quarantine")
             return report
+        # The server the entries were read from still runs (another user kept it up):
+        # each is there, or was answered and deleted. A new server holds none of them;
+        # a bridge may have posted to it already, above their IDs.
+        new_server = saved_by != _server_id(executor)
         keys = {"inbound": service.inbound, "outbound": service.outbound}
         for stream, key in keys.items():
             last = _last_id(executor, key)
-            todo = [e for e in entries if e.stream == stream and e.order > last]
-            report.skipped += sum(1 for e in entries if e.stream == stream) - len(todo)
-            for entry in todo:
+            # at their own IDs first (those above the stream's last), then the renumbered
+            # ones: a new ID is above every saved one
+            mine = [e for e in entries if e.stream == stream]
+            for entry in sorted(mine, key=lambda e: e.order <= last):
                 fields = [part for pair in entry.fields.items() for part in pair]
+                # an unanswered message comes back at a new ID rather than not at all;
+                # a reply does not (at a new ID, a bridge would read it twice)
+                renumber = new_server and stream == "inbound" and entry.order <= last
+                if entry.order <= last and not renumber:
+                    report.skipped += 1
+                    continue
                 try:
-                    executor.command("XADD", key, entry.id, *fields)
+                    executor.command("XADD", key, "*" if renumber else entry.id, *fields)
                 except redis.ResponseError:
                     report.skipped += 1  # someone added a newer entry meanwhile
                     continue
-                if stream == "inbound":
+                if renumber:
+                    report.renumbered += 1
+                elif stream == "inbound":
                     report.inbound += 1
                 else:
                     report.outbound += 1

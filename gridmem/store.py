@@ -103,6 +103,12 @@ def log_backlog_restored(restored: backlog.RestoreReport | None) -> None:
         restored.outbound,
         restored.skipped,
     )
+    if restored.renumbered:
+        log.warning(
+            "stream backlog: %d inbound entries added at new IDs (messages were posted "
+            "before the restore); their replies name the new IDs in in_reply_to",
+            restored.renumbered,
+        )
 
 
 def attach_private(settings: Settings, clock: Clock | None = None) -> SharedValkey:

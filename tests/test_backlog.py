@@ -20,7 +20,7 @@ from gridmem.embedded import EmbeddedValkey, final_flush
 from gridmem.executor import Executor
 from gridmem.keys import KeySpace
 from gridmem.redaction import DEFAULT_REDACTOR
-from gridmem.snapshots import HEADER_SIZE, SnapshotDirectory
+from gridmem.snapshots import HEADER_SIZE, SnapshotDirectory, parse_header
 from tests.helpers import avatar
 
 pytestmark = pytest.mark.real
@@ -225,7 +225,7 @@ def test_a_signed_file_with_an_entry_the_streams_do_not_have_adds_nothing(
     directory.prepare()
     good = b'{"stream":"inbound","id":"1-0","fields":{"text":"fine"}}\n'
     path = directory.directory / backlog.BACKLOG_FILE
-    backlog._write(directory, path, [good, line], 1)
+    backlog._write(directory, path, [good, line], 1, "a-server")
     restored = _restore(real_redis, directory)
     assert restored.quarantined == cause
     assert real_redis.xlen(SERVICE.inbound) == 0 and real_redis.xlen(SERVICE.outbound) == 0
@@ -283,3 +283,49 @@ def test_a_post_during_the_last_save_is_saved_or_refused_never_lost(
     if accepted is not None:
         assert f'"id":"{accepted}"'.encode() in data, "acknowledged, then lost"
     assert data.count(b'"stream":"inbound"') == 1
+
+
+def test_a_new_server_that_got_posts_first_gets_the_saved_messages_at_new_ids(
+    real_redis: redis_py.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bridge may post to a new server before the restore runs: its entry is above
+    every saved ID, which the stream then refuses. The saved messages were never
+    answered (that server is gone): they come back at new IDs, not lost; the replies
+    are not renumbered (a bridge would read them twice)."""
+    directory, path = _saved(real_redis, tmp_path)
+    saved = [fields for _, fields in real_redis.xrange(SERVICE.inbound)]
+    real_redis.flushall()
+    early = real_redis.xadd(
+        SERVICE.inbound, {"avatar_uuid": avatar(9), "channel": "im", "text": "first!"}
+    )
+    monkeypatch.setattr(backlog, "_server_id", lambda executor: "a-new-server")
+    restored = _restore(real_redis, directory)
+    assert (restored.renumbered, restored.inbound, restored.outbound) == (5, 0, 3)
+    entries = real_redis.xrange(SERVICE.inbound)
+    assert entries[0][0] == early and len(entries) == 6
+    texts = [fields[b"text"] for _, fields in entries[1:]]
+    assert texts == [DEFAULT_REDACTOR.redact(f[b"text"].decode())[0].encode() for f in saved]
+    assert not path.exists()
+
+
+def test_the_server_that_still_runs_gets_nothing_again(
+    real_redis: redis_py.Redis, tmp_path: Path
+) -> None:
+    """Kept up by another user: every saved entry is there or was answered since."""
+    directory, path = _saved(real_redis, tmp_path)
+    run_id = real_redis.info("server")["run_id"]
+    assert (
+        parse_header(
+            path.read_bytes(),
+            directory.key(),
+            magic_expected=backlog.MAGIC,
+            versions=frozenset({backlog.FORMAT_VERSION}),
+        ).boot_id
+        == run_id
+    )
+    for entry_id, _ in real_redis.xrange(SERVICE.inbound):
+        real_redis.xdel(SERVICE.inbound, entry_id)  # answered meanwhile
+    real_redis.xadd(SERVICE.inbound, {"avatar_uuid": avatar(9), "channel": "im", "text": "later"})
+    restored = _restore(real_redis, directory)
+    assert (restored.renumbered, restored.inbound, restored.skipped) == (0, 0, 8)
+    assert real_redis.xlen(SERVICE.inbound) == 1
