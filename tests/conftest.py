@@ -261,6 +261,7 @@ _PASSED = pytest.StashKey[Counter[str]]()
 _COLLECTED = pytest.StashKey[Counter[str]]()
 _DESELECTED = pytest.StashKey[int]()
 _SHORTFALL = pytest.StashKey[list[str]]()
+_BACKEND_PROPERTY = "gridmem_real_backend"
 
 
 def _on_ci() -> bool:
@@ -334,14 +335,39 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if _on_ci() and report.skipped and item.get_closest_marker("real"):
         report.outcome = "failed"
         report.longrepr = f"real-server test skipped under CI=true: {report.longrepr}"
-    if backend and report.when == "call" and report.passed:
-        item.config.stash.setdefault(_PASSED, Counter())[backend] += 1
+    if backend:
+        # carried on the report, so that under pytest-xdist the controller, which
+        # gets reports and never items, counts it too
+        report.user_properties.append((_BACKEND_PROPERTY, backend))
+
+
+class _PassedRealTests:
+    """Counts passed real-server tests from their reports, in every process: under
+    pytest-xdist the controller gets the workers' reports (never their items)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.passed:
+            for name, value in report.user_properties:
+                if name == _BACKEND_PROPERTY:
+                    self.config.stash.setdefault(_PASSED, Counter())[str(value)] += 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_PassedRealTests(config), "gridmem-passed-real-tests")
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker: its controller checks the whole run's counts."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CI=true, fewer passed real-server tests than tests/real_tests.toml fails the run."""
     config = session.config
-    if not _on_ci() or config.option.collectonly or _ci_subset():
+    if not _on_ci() or config.option.collectonly or _ci_subset() or _is_xdist_worker(config):
         return
     try:
         expected = expected_real_tests()

@@ -105,6 +105,27 @@ def test_leaving_real_tests_out_fails_under_ci(
         result.stdout.fnmatch_lines([f"{deselected} real-server tests were deselected*"])
 
 
+def test_the_guard_counts_across_xdist_workers(inner: pytest.Pytester) -> None:
+    """README's test command runs on pytest-xdist: the controller counts the
+    workers' passed real-server tests (it never sees their items)."""
+    result = inner.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=4)
+    assert result.ret == 0
+
+
+def test_leaving_real_tests_out_fails_under_ci_on_xdist_too(inner: pytest.Pytester) -> None:
+    result = inner.runpytest_subprocess("-n", "2", "-k", "not valkey")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["valkey: 2 real-server tests passed, 3 expected"])
+
+
+def test_a_skipped_real_test_fails_under_ci_on_xdist_too(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_c=SKIPPING)
+    result = inner.runpytest_subprocess("-n", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=4, failed=1)
+
+
 @pytest.mark.parametrize(
     "skip",
     ['pytest.skip("no server here", allow_module_level=True)', 'pytest.importorskip("gm_no_such")'],
