@@ -27,8 +27,6 @@ from gridmem.embedded import EmbeddedValkey, cli_binary
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
-
 pytestmark = pytest.mark.real
 
 ROOT = Path(__file__).resolve().parent.parent
