@@ -73,3 +73,12 @@ def test_the_service_package_holds_only_the_service() -> None:
     assert "service" in service and "supervisor" in service and "cli" in service
     assert "store" in library and "snapshots" in library
     assert not service & library, "a module name in both packages"
+
+
+def test_every_service_module_the_design_names_exists() -> None:
+    """DESIGN.md section 2 lists the service's modules; the inbound queue's entry
+    checks live in their own (worker/inbound.py), not inside service.py."""
+    named = {"service", "inbound", "supervisor", "llm", "metrics", "demo", "cli"}
+    present = {p.stem for p in (ROOT / "worker").glob("*.py")}
+    assert named <= present, f"missing: {sorted(named - present)}"
+    assert "def check_inbound" not in (ROOT / "worker" / "service.py").read_text()

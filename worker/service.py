@@ -51,7 +51,7 @@ import signal
 import socket
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,13 +60,13 @@ from gridmem.clock import Clock, make_clock
 from gridmem.config import Settings, WorkerSettings
 from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from gridmem.executor import RETRYABLE
-from gridmem.keys import INBOUND_FIELDS, KeySpace
+from gridmem.keys import KeySpace
 from gridmem.records import AgentReply, AvatarMessage, Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount, KeyStep
 from gridmem.store import OFFLOAD_TEXT_CHARS, AsyncConversationStore, connect_async
-from gridmem.validate import canonical_uuid, parse_channel
 from worker import metrics
+from worker.inbound import Rejected, check_inbound, decode_inbound, entry_ids, stream_order
 from worker.llm import (
     FAILURE_NOTICE,
     ChatClient,
@@ -74,7 +74,6 @@ from worker.llm import (
     build_chat_client,
     clean_reply,
     display_name,
-    has_visible_text,
     with_name,
 )
 
@@ -85,59 +84,6 @@ TAKE_COUNT = 100  # inbound entries filed per take_inbound call
 DEAD_MAX_ENTRIES = 10_000  # dead-letter stream, exact MAXLEN
 OUTBOUND_MAX_ENTRIES = 100_000  # outbound stream, approximate MAXLEN
 ORPHAN_SAMPLE = 100
-
-
-class Rejected(Exception):
-    """An inbound entry that cannot be answered; `reason` is its dead-letter code."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def decode_inbound(raw: Sequence[tuple[bytes, bytes]], max_input_bytes: int) -> dict[str, str]:
-    """An entry's fields as text, each decoded strictly; else Rejected.
-
-    The bridge may write any bytes into any field, even one we never use: a field
-    that is not UTF-8 is `bad_encoding`, one over the input ceiling `oversized`
-    (checked first, so no oversized field is ever decoded).
-    """
-    if not raw:
-        raise Rejected("gone")
-    fields = {}
-    for name, value in raw:
-        if len(value) > max_input_bytes:
-            raise Rejected("oversized")
-        try:
-            fields[name.decode("utf-8")] = value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise Rejected("bad_encoding") from None
-    return fields
-
-
-def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, str, str]:
-    """(avatar UUID, channel, text) of a well-formed inbound entry, else Rejected."""
-    if not fields:
-        raise Rejected("gone")
-    if set(fields) - INBOUND_FIELDS:
-        raise Rejected("unknown_field")
-    text = fields.get("text")
-    if not text or not has_visible_text(text):
-        raise Rejected("missing_text")
-    if (
-        len(text) > max_input_bytes
-        or len(text.encode("utf-8", "surrogateescape")) > max_input_bytes
-    ):
-        raise Rejected("oversized")
-    try:
-        uuid = canonical_uuid(fields.get("avatar_uuid"))
-    except InvalidInput:
-        raise Rejected("bad_uuid") from None
-    try:
-        channel = parse_channel(fields.get("channel")).value
-    except InvalidInput:
-        raise Rejected("bad_channel") from None
-    return uuid, channel, text
 
 
 @dataclass
@@ -295,7 +241,7 @@ class Worker:
             await self.store.executor.call(self.scripts.ensure_group(self.keys, group=GROUP))
             return 0
         for entry in taken:
-            self._last_seen = max(self._last_seen, entry.entry_id, key=_stream_order)
+            self._last_seen = max(self._last_seen, entry.entry_id, key=stream_order)
             # an entry without a valid key comes filed under REJECTED_MEMBER, its reason
             # recorded: that key's walk dead-letters it, crash-safe like any other
             self._start(entry.member)
@@ -318,8 +264,8 @@ class Worker:
                 await read
             return
         found: Any = read.result()
-        for entry_id in _entry_ids(found):
-            self._last_seen = max(self._last_seen, entry_id, key=_stream_order)
+        for entry_id in entry_ids(found):
+            self._last_seen = max(self._last_seen, entry_id, key=stream_order)
 
     async def _adopt_orphans(self) -> None:
         """Keys whose worker died (lease expired) are picked up here."""
@@ -652,24 +598,6 @@ async def _display_name(raw: str | None) -> str | None:
     if len(raw) > OFFLOAD_TEXT_CHARS:
         return await asyncio.to_thread(display_name, raw, DEFAULT_REDACTOR)
     return display_name(raw, DEFAULT_REDACTOR)
-
-
-def _entry_ids(found: Any) -> list[str]:
-    """Entry IDs of an XREAD reply: RESP2 [[stream, entries]] or RESP3 {stream: [entries]}."""
-    if isinstance(found, dict):
-        groups = [v[0] if v and isinstance(v[0], list) else v for v in found.values()]
-    else:
-        groups = [entries for _, entries in found or ()]
-    return [
-        e[0].decode() if isinstance(e[0], bytes) else str(e[0])
-        for entries in groups
-        for e in entries
-    ]
-
-
-def _stream_order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def run_worker_process(settings_data: dict[str, Any], url: str) -> None:
