@@ -24,7 +24,7 @@ local args = new_args()
 local wall = args:int('now_wall', ARGV[1], 0)
 local member = args:member('member', ARGV[2])
 local reason = args:str('reason', ARGV[3], '^%l+_operator$')
-if reason ~= 'deleted_operator' and reason ~= 'expired_operator' then args:fail('reason') end
+if reason ~= REASON.deleted_operator and reason ~= REASON.expired_operator then args:fail('reason') end
 local max_events = args:int('max_events', ARGV[4], 1)
 local err = args:error()
 if err then return err end

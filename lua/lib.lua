@@ -347,7 +347,7 @@ local function expire_idle(shard, now, batch)
       local cutoff = now - TTL_MS[channel]
       local victims = redis.call('ZRANGEBYSCORE', shard.lru[channel], '-inf', cutoff, 'LIMIT', 0, batch - expired)
       for _, m in ipairs(victims) do
-        end_session(shard, session_keys(shard.prefix, m), m, 'expired_inactivity')
+        end_session(shard, session_keys(shard.prefix, m), m, REASON.expired_inactivity)
         expired = expired + 1
       end
     end
@@ -521,10 +521,10 @@ local function keep_session_bounds(shard, s, sid, member, limits)
   s.summary_bytes = #s.summary
   local archived, dropped = close_segment(s, limits)
   s.archive_delta = (s.archive_delta or 0) + archived
-  emit(shard, 'compacted', sid, member, 'folded', folded, 'turns', s.turns,
+  emit(shard, REASON.compacted, sid, member, 'folded', folded, 'turns', s.turns,
     'bytes', s.turn_bytes + s.summary_bytes, 'archived_segments_dropped', dropped)
   if trimmed > 0 then
-    emit(shard, 'summary_trimmed', sid, member, 'lines', trimmed, 'summary_bytes', s.summary_bytes)
+    emit(shard, REASON.summary_trimmed, sid, member, 'lines', trimmed, 'summary_bytes', s.summary_bytes)
   end
 end
 
@@ -560,16 +560,16 @@ local function evict_over_bounds(shard, limits, keep, now)
     local bytes = tonumber(redis.call('HGET', shard.stats, 'bytes')) or 0
     local reason
     if sessions > limits.max_sessions then
-      reason = 'evicted_session_limit'
+      reason = REASON.evicted_session_limit
     elseif bytes > limits.max_aggregate_bytes then
-      reason = 'evicted_aggregate_bytes'
+      reason = REASON.evicted_aggregate_bytes
     else
       return ended
     end
     local victim, last = lru_victim(shard, keep)
     if victim == nil then return ended end
     local _, channel = split_member(victim)
-    if now - last >= TTL_MS[channel] then reason = 'expired_inactivity' end
+    if now - last >= TTL_MS[channel] then reason = REASON.expired_inactivity end
     end_session(shard, session_keys(shard.prefix, victim), victim, reason)
     ended = ended + 1
   end

@@ -18,8 +18,8 @@ local args = new_args()
 local wall = args:int('now_wall', ARGV[1], 0)
 local reason = args:str('reason', ARGV[2], '^[%l_]+$')
 local allowed = {
-  snapshot_quarantined = true, snapshot_restored = true, permissions_not_verified = true,
-  expired_inactivity = true,
+  [REASON.snapshot_quarantined] = true, [REASON.snapshot_restored] = true,
+  [REASON.permissions_not_verified] = true, [REASON.expired_inactivity] = true,
 }
 if not allowed[reason] then args:fail('reason') end
 local max_events = args:int('max_events', ARGV[3], 1)

@@ -66,7 +66,7 @@ if sid then
   local expired
   expired, last = is_expired(shard.lru[channel], member, channel, now)
   if expired then
-    end_session(shard, own, member, 'expired_inactivity')
+    end_session(shard, own, member, REASON.expired_inactivity)
     sid, last = false, nil
   end
 end

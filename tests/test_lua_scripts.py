@@ -601,7 +601,7 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     from gridmem.keys import SESSION_PARTS
     from gridmem.kinds import KINDS
     from gridmem.library import PRELUDE_FILE, prelude
-    from gridmem.records import CHANNEL_TTL_MS
+    from gridmem.records import CHANNEL_TTL_MS, ReasonCode
 
     generated = prelude()
     assert all(script.source.startswith(generated) for script in SCRIPTS.values())
@@ -613,7 +613,8 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     probe = (
         SCRIPTS["read_backlog"].source.replace("return redis.call('XLEN', KEYS[1])", "")
         + "\nreturn cjson.encode({ttl = TTL_MS, parts = SESSION_PARTS, limits = LIMIT_FIELDS,"
-        " boot = MAX_BOOT_ID_CHARS, boots = MAX_CLOCK_BOOTS, code = KIND_CODE, head = KIND_HEAD})"
+        " boot = MAX_BOOT_ID_CHARS, boots = MAX_CLOCK_BOOTS, code = KIND_CODE, head = KIND_HEAD,"
+        " reason = REASON})"
     )
     seen = json.loads(_s(redis.eval(probe, 0)))
     assert seen["ttl"] == {str(k): v for k, v in CHANNEL_TTL_MS.items()}
@@ -622,3 +623,20 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     assert (seen["boot"], seen["boots"]) == (MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS)
     assert seen["code"] == {k.name: k.code for k in KINDS}
     assert seen["head"] == {k.code: list(k.head) for k in KINDS}
+    assert seen["reason"] == {code.value: code.value for code in ReasonCode}
+
+
+def test_no_lua_file_spells_an_event_reason_code() -> None:
+    """Event reason codes come from the prelude's REASON table (gridmem/records.py
+    ReasonCode): a Lua string literal of one would be a second definition."""
+    from gridmem.records import ReasonCode
+
+    codes = "|".join(code.value for code in ReasonCode)
+    literal = re.compile(rf"['\"]({codes})['\"]")
+    offenders = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted(lua_dir().glob("*.lua"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if not line.lstrip().startswith("--") and literal.search(line)
+    ]
+    assert offenders == []

@@ -18,3 +18,5 @@ local SESSION_ID_BODY = '[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f
 local KIND_CODE = { avatar_message = 'a', agent_reply = 'r', tool_summary = 't', action_result = 'x' }
 -- payload code -> summary head parts (gridmem/kinds.py)
 local KIND_HEAD = { a = { '- avatar (untrusted): ' }, r = { '- agent: ' }, t = { '- tool ', ' (untrusted): ' }, x = { '- action ', ' ', ': ' } }
+-- event reason codes (gridmem/records.py ReasonCode)
+local REASON = { expired_inactivity = 'expired_inactivity', expired_operator = 'expired_operator', deleted_operator = 'deleted_operator', compacted = 'compacted', summary_trimmed = 'summary_trimmed', evicted_session_limit = 'evicted_session_limit', evicted_aggregate_bytes = 'evicted_aggregate_bytes', snapshot_quarantined = 'snapshot_quarantined', snapshot_restored = 'snapshot_restored', permissions_not_verified = 'permissions_not_verified' }
