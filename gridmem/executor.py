@@ -1,7 +1,7 @@
 """The executors: the only code that sends commands to Redis (tests/test_executor.py).
 
 One per I/O style, `Executor` over a blocking redis-py client and `AsyncExecutor`
-over `redis.asyncio`, with the same four ways to send:
+over `redis.asyncio`, with the same ways to send:
 
 - `call(ScriptCall)`: FCALL of one library function, loading gridmem's function
   library first if the server lacks it (FUNCTION LOAD, then the FCALL once more);
@@ -9,10 +9,16 @@ over `redis.asyncio`, with the same four ways to send:
   GM_* error becomes its exception class.
 - `call(ReadCall)`: the read's commands in one MULTI/EXEC, retried on a
   connection fault (a read writes nothing); a full server (OOM) refuses MULTI, so
-  the read's read-only script fallback runs instead.
+  the read's read-only script fallback runs instead, or else its reads one by one.
+- `call(CommandCall)`: a plain command (several: in one MULTI/EXEC), retried on a
+  connection fault only if the call is idempotent (an XADD is not).
 - `transaction(commands)`: EXEC's replies, without parsing (tests compare them).
 - `command(*args)`: one plain command, sent once (the service's blocking XREAD,
   the HSET of a rejected entry's reason).
+
+The replies of MULTI/EXEC differ by executor: the sync one reads them raw (its
+own MULTI/EXEC), the async one through redis-py's pipeline, which applies its
+reply callbacks (HGETALL as a dict); a call's parse takes both.
 
 The store doors (gridmem/store.py), the service's inbound queue and the
 supervisor (worker/) and snapshots (driven by the doors) all send through here.
@@ -21,6 +27,7 @@ A closed executor refuses every call with StoreClosed before a command is sent.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import hiredis
@@ -29,8 +36,7 @@ import redis.asyncio as redis_async
 import tenacity
 
 from gridmem.errors import StoreClosed, script_error_from_reply
-from gridmem.reads import ReadCall
-from gridmem.scripts import ScriptCall
+from gridmem.replies import CommandCall, ReadCall, ScriptCall
 
 T = TypeVar("T")
 
@@ -72,6 +78,19 @@ def fcall_command(call: ScriptCall[Any]) -> tuple[Any, ...]:
     return ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
 
 
+Call = ScriptCall[T] | ReadCall[T] | CommandCall[T]
+
+
+def answer_to_error(call: ScriptCall[Any] | CommandCall[Any], exc: redis.ResponseError) -> Any:
+    """What an error reply means for `call`: a script's GM_* error is raised as its
+    exception class; a command call's expected error (`answers`) is its reply."""
+    if isinstance(call, ScriptCall):
+        raise translate(exc) from None
+    if not call.answers or not str(exc).startswith(call.answers):
+        raise exc
+    return exc
+
+
 def _raise_errors(replies: list[Any]) -> list[Any]:
     """EXEC's replies, or the first error among them raised."""
     for reply in replies:
@@ -88,30 +107,23 @@ class Executor:
         self.closed = False
         self._retrying = tenacity.Retrying(**retry_policy())
 
-    def call(self, call: ScriptCall[T] | ReadCall[T]) -> T:
-        """Run one script call or one MULTI/EXEC read, and parse its reply."""
+    def call(self, call: Call[T]) -> T:
+        """Run one script call, MULTI/EXEC read or command call, and parse its reply."""
         if self.closed:
             raise StoreClosed
         if isinstance(call, ReadCall):
-            try:
-                replies = self._transaction(call.commands)
-            except RETRYABLE:
-                replies = self._retrying(self._transaction, call.commands)
-            except redis.OutOfMemoryError:
-                if call.fallback is None:
-                    raise
-                replies = self.call(call.fallback())  # full Redis: no MULTI, reads too
-            read: T = call.parse(replies)
+            read: T = self._read(call)
             return read
+        send: Callable[[Any], Any] = self._fcall if isinstance(call, ScriptCall) else self._commands
         try:
             try:
-                raw = self._fcall(call)
+                raw = send(call)
             except RETRYABLE:
                 if not call.idempotent:
                     raise
-                raw = self._retrying(self._fcall, call)
+                raw = self._retrying(send, call)
         except redis.ResponseError as exc:
-            raise translate(exc) from None
+            raw = answer_to_error(call, exc)
         return call.parse(raw)
 
     def transaction(self, commands: Commands) -> list[Any]:
@@ -134,6 +146,24 @@ class Executor:
     def _send(self, *args: Any) -> Any:
         client: Any = self.client  # redis-py leaves execute_command untyped
         return client.execute_command(*args)
+
+    def _read(self, call: ReadCall[T]) -> T:
+        try:
+            replies = self._transaction(call.commands)
+        except RETRYABLE:
+            replies = self._retrying(self._transaction, call.commands)
+        except redis.OutOfMemoryError:  # a full Redis refuses MULTI, reads too
+            if call.fallback is not None:
+                replies = self.call(call.fallback())
+            else:
+                replies = [self._send(*command) for command in call.commands]
+        return call.parse(replies)
+
+    def _commands(self, call: CommandCall[Any]) -> Any:
+        """A lone command's reply, or EXEC's replies to several."""
+        if len(call.commands) == 1:
+            return self._send(*call.commands[0])
+        return self._transaction(call.commands)
 
     def _fcall(self, call: ScriptCall[Any]) -> Any:
         """FCALL, loading the library first if the server lacks it. Another worker
@@ -191,31 +221,26 @@ class AsyncExecutor:
         self.closed = False
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
 
-    async def call(self, call: ScriptCall[T] | ReadCall[T]) -> T:
+    async def call(self, call: Call[T]) -> T:
         """As Executor.call."""
         if self.closed:
             raise StoreClosed
-        # a copy of the retrier each time: it keeps attempt state, and calls run concurrently
         if isinstance(call, ReadCall):
-            try:
-                replies = await self._transaction(call.commands)
-            except RETRYABLE:
-                replies = await self._retrying.copy()(self._transaction, call.commands)
-            except redis.OutOfMemoryError:
-                if call.fallback is None:
-                    raise
-                replies = await self.call(call.fallback())  # full Redis: no MULTI, reads too
-            read: T = call.parse(replies)
+            read: T = await self._read(call)
             return read
+        send: Callable[[Any], Awaitable[Any]] = (
+            self._fcall if isinstance(call, ScriptCall) else self._commands
+        )
         try:
             try:
-                raw = await self._fcall(call)
+                raw = await send(call)
             except RETRYABLE:
                 if not call.idempotent:
                     raise
-                raw = await self._retrying.copy()(self._fcall, call)
+                # a copy of the retrier: it keeps attempt state, and calls run concurrently
+                raw = await self._retrying.copy()(send, call)
         except redis.ResponseError as exc:
-            raise translate(exc) from None
+            raw = answer_to_error(call, exc)
         return call.parse(raw)
 
     async def transaction(self, commands: Commands) -> list[Any]:
@@ -239,6 +264,25 @@ class AsyncExecutor:
     async def _send(self, *args: Any) -> Any:
         client: Any = self.client
         return await client.execute_command(*args)
+
+    async def _read(self, call: ReadCall[T]) -> T:
+        """As Executor._read."""
+        try:
+            replies = await self._transaction(call.commands)
+        except RETRYABLE:
+            replies = await self._retrying.copy()(self._transaction, call.commands)
+        except redis.OutOfMemoryError:  # a full Redis refuses MULTI, reads too
+            if call.fallback is not None:
+                replies = await self.call(call.fallback())
+            else:
+                replies = [await self._send(*command) for command in call.commands]
+        return call.parse(replies)
+
+    async def _commands(self, call: CommandCall[Any]) -> Any:
+        """As Executor._commands."""
+        if len(call.commands) == 1:
+            return await self._send(*call.commands[0])
+        return await self._transaction(call.commands)
 
     async def _fcall(self, call: ScriptCall[Any]) -> Any:
         """As Executor._fcall."""

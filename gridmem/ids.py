@@ -18,6 +18,8 @@ def uuid_regex(digit: str) -> str:
 
 UUID_ANY_CASE = uuid_regex("[0-9a-fA-F]")  # as callers (and chat, for redaction) write one
 UUID_CANONICAL = uuid_regex("[0-9a-f]")  # as the store keeps one
-# The same as Lua patterns (no anchors): a canonical UUID, and a session ID (32 hex digits).
+SESSION_ID_DIGITS = 32  # a session ID: 128 random bits, as lowercase hex
+SESSION_ID = f"[0-9a-f]{{{SESSION_ID_DIGITS}}}"
+# The same as Lua patterns (no anchors): a canonical UUID, and a session ID.
 UUID_LUA = "%-".join("[0-9a-f]" * n for n in UUID_GROUPS)
-SESSION_ID_LUA = "[0-9a-f]" * 32
+SESSION_ID_LUA = "[0-9a-f]" * SESSION_ID_DIGITS

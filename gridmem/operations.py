@@ -2,8 +2,9 @@
 
 Every public store method is a generator here: it validates its input (before
 the first yield, so bad input never reaches Redis), prepares arguments, yields
-`ScriptCall`s (context() yields a `ReadCall`: gridmem/reads.py), receives their
-parsed replies, and returns the result. The stores only drive these generators:
+calls (gridmem/replies.py: `ScriptCall`s, and plain commands where no Lua is
+needed, as context()'s `ReadCall`, gridmem/reads.py), receives their parsed
+replies, and returns the result. The stores only drive these generators:
 `ConversationStore` with a blocking client, `AsyncConversationStore` with an
 asyncio one. This is a "sans-I/O" core.
 """
@@ -22,7 +23,7 @@ from gridmem.context import context_messages, turn_view
 from gridmem.errors import InvalidInput
 from gridmem.keys import KeySpace, ShardKeys
 from gridmem.prepare import Preparer
-from gridmem.reads import ReadCall, check_clock, clock_fields, context_read
+from gridmem.reads import check_clock, clock_fields, context_read
 from gridmem.records import (
     Channel,
     ContextMessage,
@@ -36,12 +37,12 @@ from gridmem.records import (
     parse_record,
 )
 from gridmem.redaction import DEFAULT_REDACTOR, Redactor
+from gridmem.replies import AnyCall
 from gridmem.scripts import (
     ClockReading,
     ExportReply,
     MetaRow,
     RecordReply,
-    ScriptCall,
     Scripts,
     limits_packet,
 )
@@ -63,7 +64,7 @@ from gridmem.validate import (
 )
 
 T = TypeVar("T")
-Op = Generator[ScriptCall[Any] | ReadCall[Any], Any, T]
+Op = Generator[AnyCall, Any, T]
 
 # Sessions expired per sweep_idle call: bounds how long one script blocks the server.
 # (Each record() also expires a few: scripts.WRITE_SWEEP_BATCH, in the limits packet.)

@@ -15,38 +15,23 @@ tests/test_reads.py checks them against lib.lua's own functions across boots
 fields and the TTL boundary.
 
 Like scripts.py, nothing here talks to a server: `context_read` returns a
-`ReadCall` that ConversationStore and AsyncConversationStore run.
+`ReadCall` (gridmem/replies.py) that ConversationStore and AsyncConversationStore run.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
+from gridmem.arguments import bad_argument
 from gridmem.clock import MAX_BOOT_ID_CHARS
-from gridmem.errors import BadScriptArgument
 from gridmem.keys import SessionKeys, ShardKeys
 from gridmem.records import CHANNEL_TTL_MS, Channel
-from gridmem.scripts import Arg, ClockReading, ScriptCall, text
-
-T = TypeVar("T")
+from gridmem.replies import ClockReading, ReadCall, ScriptCall, text
 
 # lib.lua arg_clock's boot_id rule ('^[%w%-_.]+$', at most MAX_BOOT_ID_CHARS).
 _BOOT_ID = re.compile(r"[A-Za-z0-9_.\-]+")
-
-
-class ReadCall(NamedTuple, Generic[T]):
-    """Read commands to run in one MULTI/EXEC, and how to read EXEC's replies.
-
-    Always safe to resend: it writes nothing. A full Redis server refuses every
-    command queued in MULTI, reads too; `fallback` then gives a read-only script
-    whose reply is EXEC's, so the read still works at maxmemory.
-    """
-
-    commands: tuple[tuple[Arg, ...], ...]
-    parse: Callable[[list[Any]], T]
-    fallback: Callable[[], ScriptCall[list[Any]]] | None = None
 
 
 class ContextReply(NamedTuple):
@@ -129,7 +114,7 @@ def check_clock(reading: ClockReading) -> None:
         else None
     )  # fmt: skip
     if bad:
-        raise BadScriptArgument("GM_BADARG", f"GM_BADARG {bad}")
+        raise bad_argument(bad)
 
 
 def context_read(

@@ -73,6 +73,22 @@ class ReasonCode(StrEnum):
     PERMISSIONS_NOT_VERIFIED = "permissions_not_verified"
 
 
+class DeadLetterReason(StrEnum):
+    """Why the worker service dead-lettered an inbound entry (the `reason` field of
+    `gm:dead`, docs/streams.md). A code, once published, never changes meaning."""
+
+    MISSING_FIELD = "missing_field"  # no avatar_uuid or no channel
+    BAD_UUID = "bad_uuid"  # avatar_uuid is not a UUID (or is the nil UUID)
+    BAD_CHANNEL = "bad_channel"  # channel is not public or im in some case
+    MISSING_TEXT = "missing_text"  # no text, or nothing visible in it
+    BAD_TEXT = "bad_text"  # text the store refuses
+    OVERSIZED = "oversized"  # a field over max_input_bytes
+    UNKNOWN_FIELD = "unknown_field"  # a field the contract does not name
+    BAD_ENCODING = "bad_encoding"  # a field name or value that is not UTF-8
+    GONE = "gone"  # vanished before a worker read it
+    POISON = "poison"  # answering it failed (or killed its worker) max_attempts times
+
+
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 
 

@@ -1,8 +1,11 @@
-"""The call and reply types of the scripts: what a call carries, and how a reply is read.
+"""The call and reply types: what a call carries, and how its reply is read.
 
-A `ScriptCall` names a script, its KEYS and ARGV and how to parse the reply; any
-client runs it (the store doors, the service). The parsers turn the raw replies
-into the typed values below. Talks to no server.
+Three kinds of call, each run by either executor (gridmem/executor.py) for the
+store doors and the service alike: a `ScriptCall` names a Lua function, its KEYS
+and ARGV; a `ReadCall` is reads in one MULTI/EXEC (a consistent read without a
+script); a `CommandCall` is plain commands where atomicity needs no Lua (one
+command, or a few in one MULTI/EXEC). Each says how to parse its reply; the
+parsers turn the raw replies into the typed values below. Talks to no server.
 """
 
 from __future__ import annotations
@@ -31,6 +34,42 @@ class ScriptCall(NamedTuple, Generic[T]):
     parse: Callable[[Any], T]
     # Safe to resend after a connection fault (it cannot apply twice).
     idempotent: bool = True
+
+
+class ReadCall(NamedTuple, Generic[T]):
+    """Read commands to run in one MULTI/EXEC, and how to read EXEC's replies.
+
+    Always safe to resend: it writes nothing. A full Redis server refuses every
+    command queued in MULTI, reads too; then `fallback`, a read-only script whose
+    reply is EXEC's, runs instead, or without one the reads are sent one by one
+    (plain reads a full server runs). One by one they see what EXEC would have,
+    but for what the writes a full server still runs change between them: the
+    deletions that free memory (delete_session, sweep_idle).
+    """
+
+    commands: tuple[tuple[Arg, ...], ...]
+    parse: Callable[[list[Any]], T]
+    fallback: Callable[[], ScriptCall[list[Any]]] | None = None
+
+
+class CommandCall(NamedTuple, Generic[T]):
+    """Plain commands for an operation that needs no Lua: one command (atomic by
+    itself) sent alone, or several sent in one MULTI/EXEC. `parse` gets the lone
+    command's reply, or EXEC's replies.
+
+    `idempotent`: safe to resend after a connection fault. `answers`: an error reply
+    starting with it is the call's answer, not a failure, and goes to `parse` as the
+    error itself (XGROUP CREATE's BUSYGROUP: the group existed).
+    """
+
+    commands: tuple[tuple[Arg, ...], ...]
+    parse: Callable[[Any], T]
+    idempotent: bool = True
+    answers: str = ""
+
+
+# Any of the three: what an operation (gridmem/operations.py) yields for a door to run.
+AnyCall = ScriptCall[Any] | ReadCall[Any] | CommandCall[Any]
 
 
 class ClockReading(NamedTuple):
@@ -115,12 +154,18 @@ def _parse_metadata(raw: Sequence[Any]) -> MetadataReply:
     return MetadataReply(text(raw[0]), rows)
 
 
+def _pairs(fields: Any) -> list[tuple[Any, Any]]:
+    """A hash's or a stream entry's fields as (field, value) pairs, from redis-py's reply
+    callback (a dict: of a field named twice, the last value) or a raw reply (field,
+    value, ...)."""
+    if isinstance(fields, dict):
+        return list(fields.items())
+    return list(zip(fields[0::2], fields[1::2], strict=True))
+
+
 def _parse_events(raw: Sequence[Any]) -> list[tuple[str, dict[str, str]]]:
-    out = []
-    for row in raw:
-        values = [text(v) for v in row]
-        out.append((values[0], dict(zip(values[1::2], values[2::2], strict=True))))
-    return out
+    """An XRANGE of an event stream: (ID, fields) of each event, oldest first."""
+    return [(text(i), {text(k): text(v) for k, v in _pairs(f)}) for i, f in raw]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +265,16 @@ def _parse_attempt(raw: Sequence[Any]) -> AttemptCount:
 
 
 def _parse_raw_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
-    """Field/value pairs as the bytes Redis holds: the caller decodes each strictly, since
-    the bridge may write anything and one undecodable byte must not fail the whole read."""
-    values = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in raw]
-    return list(zip(values[0::2], values[1::2], strict=True))
+    """The fields of the one entry of an XRANGE reply ([] if it is gone), as the bytes
+    Redis holds: the caller decodes each strictly, since the bridge may write anything
+    and one undecodable byte must not fail the whole read."""
+    if not raw:
+        return []
+    return [(_raw(name), _raw(value)) for name, value in _pairs(raw[0][1])]
+
+
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,12 +286,13 @@ class StatsReply:
 
 
 def _parse_stats(raw: Sequence[Any]) -> StatsReply:
-    return StatsReply(int(raw[0]), int(raw[1]), _parse_fields(raw[2]), _parse_fields(raw[3]))
+    """EXEC's replies to ZCARD, ZCARD, HGETALL, HGETALL (read_stats)."""
+    return StatsReply(int(raw[0]), int(raw[1]), _parse_hash(raw[2]), _parse_hash(raw[3]))
 
 
-def _parse_fields(raw: Sequence[Any]) -> dict[str, str]:
-    values = [text(v) for v in raw]
-    return dict(zip(values[0::2], values[1::2], strict=True))
+def _parse_hash(raw: Any) -> dict[str, str]:
+    """HGETALL's reply, a dict (redis-py's reply callback) or field, value, ... (raw)."""
+    return {text(k): text(v) for k, v in _pairs(raw)}
 
 
 def _parse_texts(raw: Sequence[Any]) -> list[str]:

@@ -1,12 +1,14 @@
-"""The Lua scripts, one typed method per script: the session calls and the stream calls.
+"""One typed method per operation on Redis: the session calls and the stream calls.
 
 What lives where: gridmem/library.py builds the function library (lua/, the
 generated prelude, `FunctionLibrary`); gridmem/replies.py holds the call and reply
-types and their parsers; gridmem/session_calls.py the session scripts' calls
-(and the limits packet); gridmem/stream_calls.py the worker service's stream
-scripts' calls. `Scripts` is both sets of calls; `ConversationStore`,
-`AsyncConversationStore` and the service run the same calls, so the doors cannot
-drift apart. The names below are re-exported for the modules that import them here.
+types and their parsers; gridmem/session_calls.py the session calls (and the
+limits packet); gridmem/stream_calls.py the worker service's stream calls. A call
+is a Lua script's (`ScriptCall`) where a change must be atomic across keys, else
+plain commands (`CommandCall`, `ReadCall`). `Scripts` is both sets of calls;
+`ConversationStore`, `AsyncConversationStore` and the service run the same calls,
+so the doors cannot drift apart. The names below are re-exported for the modules
+that import them here.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from gridmem.replies import (
     Arg,
     AttemptCount,
     ClockReading,
+    CommandCall,
     ExportedSession,
     ExportReply,
     KeyStep,
     MetadataReply,
     MetaRow,
     PageReply,
+    ReadCall,
     RecordReply,
     ScriptCall,
     StatsReply,
@@ -44,6 +48,7 @@ __all__ = [
     "Arg",
     "AttemptCount",
     "ClockReading",
+    "CommandCall",
     "ExportReply",
     "ExportedSession",
     "FunctionLibrary",
@@ -52,6 +57,7 @@ __all__ = [
     "MetaRow",
     "MetadataReply",
     "PageReply",
+    "ReadCall",
     "RecordReply",
     "ScriptCall",
     "Scripts",
@@ -66,4 +72,5 @@ __all__ = [
 
 
 class Scripts(SessionCalls, StreamCalls):
-    """One typed method per Lua script. Holds the sources; never a connection."""
+    """One typed method per operation (a script's or plain commands' call). Holds the
+    scripts' sources; never a connection."""

@@ -1,12 +1,16 @@
-"""The session scripts' calls: one typed method per script that reads or writes a session
-or its shard. Each validates nothing (the store did that) and talks to no server:
-it returns a `ScriptCall` (gridmem/replies.py)."""
+"""The session calls: one typed method per operation that reads or writes a session or
+its shard. Each talks to no server: it returns a call (gridmem/replies.py), a
+`ScriptCall` where the change needs Lua to be atomic (its script checks the
+arguments), or plain commands where it does not (`CommandCall`, `ReadCall`: their
+arguments checked here first, gridmem/arguments.py, as a script would)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
+from gridmem.arguments import ENTRY_ID, bad_argument, integer, matching
 from gridmem.config import (
     LIMIT_FIELDS,
     LOW_WATER,
@@ -16,12 +20,14 @@ from gridmem.config import (
     Limits,
     shard_limits,
 )
-from gridmem.keys import SessionKeys, ShardKeys
+from gridmem.keys import TEMPLATE_FIELD, SessionKeys, ShardKeys
 from gridmem.replies import (
     ClockReading,
+    CommandCall,
     ExportReply,
     MetadataReply,
     PageReply,
+    ReadCall,
     RecordReply,
     ScriptCall,
     ScriptCalls,
@@ -36,6 +42,7 @@ from gridmem.replies import (
     _segment,
     text,
 )
+from gridmem.validate import EVENTS_COUNT_MAX
 
 
 def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
@@ -61,6 +68,23 @@ def limits_packet(limits: Limits, shards: int, archive: bool = False) -> str:
         "sweep_batch": WRITE_SWEEP_BATCH,
     }
     return ",".join(str(values[field]) for field in LIMIT_FIELDS)
+
+
+# A published limit's name; a key name or template (<uuid>, <channel> mark its slots).
+_LIMIT_NAME = re.compile(r"[a-z_]+")
+_KEY_TEMPLATE = re.compile(r"[A-Za-z0-9_\-:{}<>]+")
+
+
+def _published(name: str, value: int | str) -> tuple[str, int | str]:
+    """One field of a shard's limits hash, checked as publish_limits.lua checked it."""
+    matching("limit", name, _LIMIT_NAME)
+    if name.startswith(TEMPLATE_FIELD):
+        return name, matching(name, value, _KEY_TEMPLATE)
+    return name, integer(name, value, 0)
+
+
+def _text_or_empty(reply: Any) -> str:
+    return "" if reply is None else text(reply)
 
 
 def _writer_keys(session: SessionKeys, shard: ShardKeys) -> tuple[str, ...]:
@@ -183,8 +207,13 @@ class SessionCalls(ScriptCalls):
 
     def read_events(
         self, shard: ShardKeys, *, after: str, count: int
-    ) -> ScriptCall[list[tuple[str, dict[str, str]]]]:
-        return self._call("read_events", (shard.events,), (after, count), _parse_events)
+    ) -> CommandCall[list[tuple[str, dict[str, str]]]]:
+        """The next `count` (1..EVENTS_COUNT_MAX) events of one shard's stream after the
+        event ID `after` ('' for the oldest kept), oldest first. Reason codes and counts,
+        never content. A plain read: it runs on a full server too."""
+        start = "(" + matching("after", after, ENTRY_ID) if after else "-"
+        most = integer("count", count, 1, EVENTS_COUNT_MAX)
+        return CommandCall((("XRANGE", shard.events, start, "+", "COUNT", most),), _parse_events)
 
     def export_sessions(
         self,
@@ -286,27 +315,42 @@ class SessionCalls(ScriptCalls):
         keys = (session.meta, shard.clock, lru, session.summary, session.turns)
         return self._call("read_context", keys, (session.member, *clock_fields), list)
 
-    def read_stats(self, shard: ShardKeys) -> ScriptCall[StatsReply]:
-        return self._call(
-            "read_stats",
-            (shard.lru_public, shard.lru_im, shard.stats, shard.limits),
-            (),
-            _parse_stats,
+    def read_stats(self, shard: ShardKeys) -> ReadCall[StatsReply]:
+        """One shard's totals, read together: live sessions per channel, its stats hash
+        (bytes, redactions, events:<reason> counts) and the limits it published. Counts
+        only: no content, no UUIDs."""
+        commands = (
+            ("ZCARD", shard.lru_public),
+            ("ZCARD", shard.lru_im),
+            ("HGETALL", shard.stats),
+            ("HGETALL", shard.limits),
         )
+        return ReadCall(commands, _parse_stats)
 
-    def publish_limits(self, shard: ShardKeys, limits: dict[str, int | str]) -> ScriptCall[int]:
-        pairs = [str(x) for kv in sorted(limits.items()) for x in kv]
-        return self._call("publish_limits", (shard.limits,), pairs, int)
+    def publish_limits(self, shard: ShardKeys, limits: dict[str, int | str]) -> CommandCall[int]:
+        """Record what one shard runs with, for bin/gridmem-cli (DESIGN section 12),
+        replacing the hash whole: names are lowercase words, values integers >= 0,
+        except a key_<name> field's, a key name or template (keys.KeySpace.templates).
+        How many were recorded."""
+        if not limits:
+            raise bad_argument("limits")
+        pairs = [x for name in sorted(limits) for x in _published(name, limits[name])]
+        commands = (("DEL", shard.limits), ("HSET", shard.limits, *pairs))
+        return CommandCall(commands, lambda _: len(limits))
 
     def publish_layout(
         self, layout: str, *, namespace: str, prefixes: Sequence[str]
     ) -> ScriptCall[int]:
         return self._call("publish_layout", (layout,), (namespace, *prefixes), int)
 
-    def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> ScriptCall[str]:
-        return self._call(
-            "mark_restored",
-            (shard.restored,),
-            ("" if generation is None else generation,),
-            text,
-        )
+    def mark_restored(self, shard: ShardKeys, *, generation: int | None) -> CommandCall[str]:
+        """The marker saying this server's data was restored from snapshot `generation`:
+        its value before this call ('' if unset), and set to `generation` unless None.
+        It lives as long as the server's data: a restarted server (which keeps nothing)
+        restores again. GET and SET in one MULTI/EXEC, as atomic as SET ... GET, whose
+        reply redis-py would turn into a bool. Safe to resend: it sets the same value."""
+        if generation is None:
+            return CommandCall((("GET", shard.restored),), _text_or_empty)
+        number = integer("generation", generation, 0)
+        commands = (("GET", shard.restored), ("SET", shard.restored, number))
+        return CommandCall(commands, lambda replies: _text_or_empty(replies[0]))

@@ -60,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gridmem.codec import decode_entries, entry_to_record
 from gridmem.config import SUMMARY_LINE_BYTES, Limits
 from gridmem.errors import GridmemError
-from gridmem.ids import UUID_CANONICAL
+from gridmem.ids import SESSION_ID, UUID_CANONICAL
 from gridmem.prepare import AGENT_HEAD, AVATAR_HEAD, UNREADABLE_LINE, action_head, tool_head
 from gridmem.records import (
     CHANNEL_TTL_MS,
@@ -134,7 +134,7 @@ class SnapshotInvalid(Exception):
 # -- the session format -------------------------------------------------------------
 
 _UUID = rf"^{UUID_CANONICAL}$"
-_SID = r"^[0-9a-f]{32}$"
+_SID = rf"^{SESSION_ID}$"
 _MS = Annotated[int, Field(ge=0, lt=2**53)]
 _KIND_RECORDS = Annotated[
     AvatarMessage | AgentReply | ToolSummary | ActionResult, Field(discriminator="kind")

@@ -32,7 +32,6 @@ from gridmem.errors import StoreClosed
 from gridmem.executor import AsyncExecutor, Executor
 from gridmem.keys import KeySpace
 from gridmem.operations import Op, Operations
-from gridmem.reads import ReadCall
 from gridmem.records import (
     ContextMessage,
     Event,
@@ -44,7 +43,8 @@ from gridmem.records import (
     TurnPage,
 )
 from gridmem.redaction import DEFAULT_REDACTOR
-from gridmem.scripts import ScriptCall, Scripts
+from gridmem.replies import AnyCall
+from gridmem.scripts import Scripts
 from gridmem.snapshots import (
     QuarantinedGeneration,
     RestoreReport,
@@ -693,7 +693,7 @@ class _Done(NamedTuple):
     value: Any
 
 
-def _first_step(op: Op[Any]) -> ScriptCall[Any] | ReadCall[Any] | _Done:
+def _first_step(op: Op[Any]) -> AnyCall | _Done:
     """next(op) for asyncio.to_thread: StopIteration cannot cross into a future."""
     try:
         return next(op)

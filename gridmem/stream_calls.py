@@ -1,12 +1,28 @@
-"""The worker service's stream scripts' calls: the inbound queue, its per-conversation
-mailboxes and leases, the dead-letter and outbound streams. Each returns a
-`ScriptCall` (gridmem/replies.py) and talks to no server."""
+"""The worker service's stream calls: the inbound queue, its per-conversation
+mailboxes and leases, the dead-letter and outbound streams. Each returns a call
+(gridmem/replies.py) and talks to no server: a `ScriptCall` where a step must be
+atomic across keys (Lua), a `CommandCall` where one command is the whole step,
+its arguments checked here first (gridmem/arguments.py), as a script would."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from gridmem.arguments import (
+    CANONICAL_UUID,
+    CHANNELS,
+    ENTRY_ID,
+    NAME,
+    SESSION_ID_RE,
+    integer,
+    matching,
+    one_of,
+)
 from gridmem.keys import ServiceKeys
+from gridmem.records import DeadLetterReason
 from gridmem.replies import (
     AttemptCount,
+    CommandCall,
     KeyStep,
     ScriptCall,
     ScriptCalls,
@@ -19,12 +35,26 @@ from gridmem.replies import (
     text,
 )
 
+DEAD_LETTER_REASONS = frozenset(code.value for code in DeadLetterReason)
+
+
+def _created(reply: Any) -> bool:
+    """XGROUP CREATE's reply: OK (created), or the BUSYGROUP error (it existed)."""
+    return not isinstance(reply, Exception)
+
 
 class StreamCalls(ScriptCalls):
-    """One typed method per service stream script."""
+    """One typed method per service stream operation."""
 
-    def ensure_group(self, service: ServiceKeys, *, group: str) -> ScriptCall[bool]:
-        return self._call("ensure_group", (service.inbound,), (group,), bool)
+    def ensure_group(self, service: ServiceKeys, *, group: str) -> CommandCall[bool]:
+        """Create the workers' consumer group on the inbound stream (and the stream)
+        if it is missing; True if this call created it. A new group starts at the
+        stream's beginning: handled entries are deleted as they are finished, so what
+        is left there is still to be answered. Safe to resend: a group created by the
+        first send makes the second say it existed."""
+        name = matching("group", group, NAME)
+        command = ("XGROUP", "CREATE", service.inbound, name, "0", "MKSTREAM")
+        return CommandCall((command,), _created, answers="BUSYGROUP")
 
     def take_inbound(
         self, service: ServiceKeys, *, group: str, consumer: str, count: int
@@ -102,18 +132,24 @@ class StreamCalls(ScriptCalls):
 
     def read_inbound(
         self, service: ServiceKeys, *, entry_id: str
-    ) -> ScriptCall[list[tuple[bytes, bytes]]]:
-        return self._call("read_inbound", (service.inbound,), (entry_id,), _parse_raw_fields)
+    ) -> CommandCall[list[tuple[bytes, bytes]]]:
+        """The fields of one inbound entry as stored (undecoded bytes), [] if it is gone."""
+        entry = matching("entry_id", entry_id, ENTRY_ID)
+        return CommandCall((("XRANGE", service.inbound, entry, entry),), _parse_raw_fields)
 
     def read_backlog(self, service: ServiceKeys) -> ScriptCall[int]:
         return self._call("read_backlog", (service.inbound,), (), int)
 
     def dead_letter(
         self, service: ServiceKeys, *, entry_id: str, reason: str, max_entries: int
-    ) -> ScriptCall[str]:
-        return self._call(
-            "dead_letter", (service.dead,), (entry_id, reason, max_entries), text, idempotent=False
-        )
+    ) -> CommandCall[str]:
+        """Record that an inbound entry was rejected, and why (a DeadLetterReason), never
+        its text; the stream keeps `max_entries` (exact MAXLEN). The new entry's ID."""
+        entry = matching("entry_id", entry_id, ENTRY_ID)
+        code = one_of("reason", reason, DEAD_LETTER_REASONS)
+        most = integer("max_entries", max_entries, 1)
+        command = ("XADD", service.dead, "MAXLEN", most, "*", "id", entry, "reason", code)
+        return CommandCall((command,), text, idempotent=False)  # a resend adds a second
 
     def publish_reply(
         self,
@@ -125,11 +161,17 @@ class StreamCalls(ScriptCalls):
         in_reply_to: str,
         session_id: str,
         max_entries: int,
-    ) -> ScriptCall[str]:
-        return self._call(
-            "publish_reply",
-            (service.outbound,),
-            (avatar_uuid, channel, text_, in_reply_to, session_id, max_entries),
-            text,
-            idempotent=False,  # a resend would publish the reply twice
-        )
+    ) -> CommandCall[str]:
+        """Put the agent's visible reply (already redacted and bounded, as stored) on the
+        outbound stream for the bridge, which reads as replies come: an approximate
+        MAXLEN of `max_entries`. The new entry's ID."""
+        fields = (
+            "avatar_uuid", matching("avatar_uuid", avatar_uuid, CANONICAL_UUID),
+            "channel", one_of("channel", channel, CHANNELS),
+            "text", text_,
+            "in_reply_to", matching("in_reply_to", in_reply_to, ENTRY_ID),
+            "session_id", matching("session_id", session_id, SESSION_ID_RE),
+        )  # fmt: skip
+        most = integer("max_entries", max_entries, 1)
+        command = ("XADD", service.outbound, "MAXLEN", "~", most, "*", *fields)
+        return CommandCall((command,), text, idempotent=False)  # a resend publishes twice

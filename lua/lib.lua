@@ -11,8 +11,8 @@
 -- Errors: helpers never raise; a script's argument checker (new_args) remembers
 -- the first bad field and the script returns args:error() before its first write.
 -- The constants shared with Python (TTL_MS, SESSION_PARTS, LIMIT_FIELDS,
--- MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS, KIND_CODE, KIND_HEAD) are not written here:
--- gridmem/library.py generates them into a prelude that precedes this file.
+-- MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS, KIND_CODE, KIND_HEAD, REASON, DEAD) are not
+-- written here: gridmem/library.py generates them into a prelude that precedes this file.
 
 -- UUID_BODY and SESSION_ID_BODY come from the prelude (gridmem/ids.py).
 -- A canonical (lowercase) avatar UUID, and a session member '<uuid>:<channel>'.

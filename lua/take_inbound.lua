@@ -61,11 +61,11 @@ for _, entry in ipairs(entries or {}) do
   local member, reason = '', ''
   if channel ~= nil then channel = channel_of(channel) or '' end
   if uuid == nil or channel == nil then
-    reason = 'missing_field'
+    reason = DEAD.missing_field
   elseif not string.match(string.lower(uuid), UUID_PATTERN) or string.lower(uuid) == NIL_UUID then
-    reason = 'bad_uuid'
+    reason = DEAD.bad_uuid
   elseif channel == '' then
-    reason = 'bad_channel'
+    reason = DEAD.bad_channel
   end
   if reason == '' then
     member = string.lower(uuid) .. ':' .. channel

@@ -82,10 +82,10 @@ def test_the_scan_sees_a_command_sent_elsewhere(tmp_path: Path) -> None:
     assert command_calls(ROOT / "gridmem/executor.py")  # the executor's own are seen
 
 
-def _ensure_group() -> Any:
+def _a_script() -> Any:
     from gridmem.keys import KeySpace
 
-    return Scripts().ensure_group(KeySpace().service(), group="g")
+    return Scripts().read_backlog(KeySpace().service())
 
 
 def test_a_flushed_library_is_loaded_again_and_the_call_made_once_more(
@@ -97,7 +97,7 @@ def test_a_flushed_library_is_loaded_again_and_the_call_made_once_more(
     store.record(avatar(1), "im", AvatarMessage(text="before the flush"))
     redis.function_flush()
     command_counter.commands.clear()
-    store.executor.call(_ensure_group())
+    store.executor.call(_a_script())
     sent = [c for c in command_counter.commands if c != "<connection>"]
     assert sent == ["FCALL", "FUNCTION", "FCALL"]
     assert [m.content for m in store.context(avatar(1), "im")] == ["before the flush"]
@@ -121,7 +121,7 @@ def test_the_async_executor_loads_a_missing_library_too(redis: Any) -> None:
         try:
             await executor.command("FUNCTION", "FLUSH")
             before = len(await executor.command("FUNCTION", "LIST"))
-            await executor.call(_ensure_group())
+            await executor.call(_a_script())
             return before, len(await executor.command("FUNCTION", "LIST"))
         finally:
             await executor.aclose()
@@ -134,7 +134,7 @@ def test_a_closed_executor_sends_nothing(redis: Any, command_counter: CommandCou
     executor.close()
     command_counter.commands.clear()
     with pytest.raises(StoreClosed):
-        executor.call(_ensure_group())
+        executor.call(_a_script())
     with pytest.raises(StoreClosed):
         executor.command("PING")
     with pytest.raises(StoreClosed):

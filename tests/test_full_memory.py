@@ -9,7 +9,8 @@ real servers only, and put each server's settings back afterwards.
 Writing this test found that a full Redis (7.x) refuses every command queued in
 MULTI, so context() (one MULTI/EXEC of reads) failed there while Valkey 8 served
 it: context() now falls back to lua/read_context.lua, whose reply must equal
-EXEC's (checked here on every backend).
+EXEC's (checked here on every backend), and stats() (another MULTI/EXEC read) to
+its reads one by one.
 """
 
 from __future__ import annotations
@@ -274,19 +275,21 @@ def test_the_async_store_reads_a_full_server(
     fill(client, store)
     keep_full(client, store)
 
-    async def read() -> tuple[list[str], list[str], bool]:
+    async def read() -> tuple[list[str], list[str], int, bool]:
         async_client = redis_async.Redis(unix_socket_path=str(server.socket_path))
         try:
             door = AsyncConversationStore(async_client, ConversationConfig(), clock=clock)
             messages = await door.context(TALKERS[0], Channel.PUBLIC)
             turns = (await door.read_page(TALKERS[0], Channel.PUBLIC)).turns
+            public = (await door.stats()).sessions[Channel.PUBLIC]
             deleted = await door.delete(TALKERS[0], Channel.IM)
-            return [m.content for m in messages], [t.text for t in turns], deleted
+            return [m.content for m in messages], [t.text for t in turns], public, deleted
         finally:
             await async_client.aclose()
 
-    contents, texts, deleted = asyncio.run(read())
+    contents, texts, public, deleted = asyncio.run(read())
     assert contents == texts == said(TALKERS[0], Channel.PUBLIC)
+    assert public == store.stats().sessions[Channel.PUBLIC] > 0
     assert deleted and store.context(TALKERS[0], Channel.IM) == []
 
 

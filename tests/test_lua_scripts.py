@@ -16,7 +16,7 @@ import redis as redis_py
 
 from gridmem.config import Limits
 from gridmem.errors import BadScriptArgument, CorruptState, ScriptError
-from gridmem.executor import translate
+from gridmem.executor import Executor, translate
 from gridmem.keys import KeySpace
 from gridmem.records import Channel
 from gridmem.scripts import (
@@ -52,6 +52,11 @@ def run(redis: redis_py.Redis) -> Run:
             raise translate(exc) from None
 
     return call
+
+
+def _events(redis: redis_py.Redis) -> list[tuple[str, dict[str, str]]]:
+    """The shard's events as store.events() reads them (gridmem/session_calls.py read_events)."""
+    return Executor(redis).call(Scripts(SCRIPTS).read_events(SHARD, after="", count=10))
 
 
 def _s(v: Any) -> Any:
@@ -276,7 +281,11 @@ class TestDeleteSession:
         run("record_turn", RECORD_KEYS, record_args())
         assert run("delete_session", DELETE_KEYS, [NOW[1], MEMBER, "deleted_operator", 100]) == 1
         assert run("delete_session", DELETE_KEYS, [NOW[1], MEMBER, "expired_operator", 100]) == 0
-        assert redis.xlen(SHARD.events) == 1
+        [(_, fields)] = _events(redis)
+        assert fields == {
+            "reason": "deleted_operator", "at": NOW[1], "sid": SID, "uuid": A,
+            "ch": "public", "turns": "1", "bytes": fields["bytes"],
+        }  # fmt: skip
 
     @pytest.mark.parametrize(
         ("field", "args"),
@@ -291,27 +300,6 @@ class TestDeleteSession:
     def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
         with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
             run("delete_session", DELETE_KEYS, args)
-
-
-class TestReadEvents:
-    def test_shapes(self, run: Run) -> None:
-        assert _s(run("read_events", [SHARD.events], ["", 10])) == []
-        run("record_turn", RECORD_KEYS, record_args())
-        run("delete_session", DELETE_KEYS, [NOW[1], MEMBER, "deleted_operator", 100])
-        [row] = _s(run("read_events", [SHARD.events], ["", 10]))
-        fields = dict(zip(row[1::2], row[2::2], strict=True))
-        assert fields == {
-            "reason": "deleted_operator", "at": NOW[1], "sid": SID, "uuid": A,
-            "ch": "public", "turns": "1", "bytes": fields["bytes"],
-        }  # fmt: skip
-        assert _s(run("read_events", [SHARD.events], [row[0], 10])) == []
-
-    @pytest.mark.parametrize(
-        ("field", "args"), [("after", ["abc", 5]), ("count", ["", 0]), ("count", ["", 10001])]
-    )
-    def test_bad_arguments(self, run: Run, field: str, args: list[Any]) -> None:
-        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
-            run("read_events", [SHARD.events], args)
 
 
 # -- meta-tests -------------------------------------------------------------------
@@ -334,19 +322,14 @@ def _wrapper_calls() -> dict[str, Any]:
         "delete_session": s.delete_session(
             SESSION, SHARD, now_wall=0, reason="deleted_operator", max_events=1
         ),
-        "read_events": s.read_events(SHARD, after="", count=1),
         "export_sessions": s.export_sessions(SHARD, clock, after="", max_sessions=1, max_bytes=1),
         "restore_session": s.restore_session(
             SESSION, SHARD, clock, session_id=SID, created_ms=0, active_ms=0, age_ms=0, summary="",
             max_events=1, limits=LIMITS, receipts={}, entries=[],
         ),
         "publish_event": s.publish_event(SHARD, now_wall=0, reason="snapshot_restored", max_events=1),
-        "mark_restored": s.mark_restored(SHARD, generation=None),
         "read_receipt": s.read_receipt(SESSION, SHARD, SHARD.lru_public, clock, key="k"),
-        "read_stats": s.read_stats(SHARD),
-        "publish_limits": s.publish_limits(SHARD, {"max_events": 5}),
         "publish_layout": s.publish_layout("gm:layout", namespace="gm", prefixes=["gm:{0}:"]),
-        "ensure_group": s.ensure_group(SERVICE, group="g"),
         "take_inbound": s.take_inbound(SERVICE, group="g", consumer="c", count=1),
         "claim_key": s.claim_key(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "begin_attempt": s.begin_attempt(
@@ -357,13 +340,7 @@ def _wrapper_calls() -> dict[str, Any]:
         ),
         "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),
-        "read_inbound": s.read_inbound(SERVICE, entry_id="1-0"),
         "read_backlog": s.read_backlog(SERVICE),
-        "dead_letter": s.dead_letter(SERVICE, entry_id="1-0", reason="gone", max_entries=1),
-        "publish_reply": s.publish_reply(
-            SERVICE, avatar_uuid=A, channel="im", text_="t", in_reply_to="1-0", session_id=SID,
-            max_entries=1,
-        ),
     }  # fmt: skip
 
 
@@ -530,9 +507,9 @@ class TestPublishEvent:
                 [NOW[1], "snapshot_restored", 10, "", "", "generation", 3],
             )
         )
-        [row] = _s(run("read_events", [SHARD.events], ["", 10]))
-        assert row[0] == event_id
-        assert dict(zip(row[1::2], row[2::2], strict=True)) == {
+        [(first, fields)] = _events(redis)
+        assert first == event_id
+        assert fields == {
             "reason": "snapshot_restored", "at": NOW[1], "sid": "", "uuid": "", "ch": "", "generation": "3",
         }  # fmt: skip
         run(
@@ -540,8 +517,8 @@ class TestPublishEvent:
             [SHARD.events, SHARD.stats],
             [NOW[1], "expired_inactivity", 10, SID, MEMBER],
         )
-        [_, row] = _s(run("read_events", [SHARD.events], ["", 10]))
-        assert (row[6], row[8], row[10]) == (SID, A, "public")
+        [_, (_, fields)] = _events(redis)
+        assert (fields["sid"], fields["uuid"], fields["ch"]) == (SID, A, "public")
         stats = redis.hgetall(SHARD.stats)  # all-time counts, beside the bounded stream
         assert (stats[b"events:snapshot_restored"], stats[b"events:expired_inactivity"]) == (
             b"1",
@@ -568,26 +545,15 @@ class TestPublishEvent:
         assert redis.dbsize() == 0
 
 
-class TestMarkRestored:
-    def test_shapes(self, run: Run) -> None:
-        assert _s(run("mark_restored", [SHARD.restored], [""])) == ""
-        assert _s(run("mark_restored", [SHARD.restored], ["4"])) == ""
-        assert _s(run("mark_restored", [SHARD.restored], [""])) == "4"
-
-    def test_bad_argument(self, run: Run) -> None:
-        with pytest.raises(BadScriptArgument, match="GM_BADARG generation"):
-            run("mark_restored", [SHARD.restored], ["four"])
-
-
 def test_a_script_must_state_its_flags(tmp_path: Path) -> None:
     """Flags decide how a full server treats a script: no script gets them by default."""
     for path in lua_dir().glob("*.lua"):
         (tmp_path / path.name).write_text(path.read_text())
-    body = (tmp_path / "read_stats.lua").read_text()
-    (tmp_path / "read_stats.lua").write_text(
+    body = (tmp_path / "read_backlog.lua").read_text()
+    (tmp_path / "read_backlog.lua").write_text(
         "\n".join(line for line in body.splitlines() if not line.startswith("-- Flags:"))
     )
-    with pytest.raises(ValueError, match=r"read_stats\.lua: its header needs"):
+    with pytest.raises(ValueError, match=r"read_backlog\.lua: its header needs"):
         load_scripts(tmp_path)
 
 
@@ -601,7 +567,7 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     from gridmem.keys import SESSION_PARTS
     from gridmem.kinds import KINDS
     from gridmem.library import PRELUDE_FILE, prelude
-    from gridmem.records import CHANNEL_TTL_MS, ReasonCode
+    from gridmem.records import CHANNEL_TTL_MS, DeadLetterReason, ReasonCode
 
     generated = prelude()
     assert all(script.source.startswith(generated) for script in SCRIPTS.values())
@@ -614,7 +580,7 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
         SCRIPTS["read_backlog"].source.replace("return redis.call('XLEN', KEYS[1])", "")
         + "\nreturn cjson.encode({ttl = TTL_MS, parts = SESSION_PARTS, limits = LIMIT_FIELDS,"
         " boot = MAX_BOOT_ID_CHARS, boots = MAX_CLOCK_BOOTS, code = KIND_CODE, head = KIND_HEAD,"
-        " reason = REASON})"
+        " reason = REASON, dead = DEAD})"
     )
     seen = json.loads(_s(redis.eval(probe, 0)))
     assert seen["ttl"] == {str(k): v for k, v in CHANNEL_TTL_MS.items()}
@@ -624,14 +590,16 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     assert seen["code"] == {k.name: k.code for k in KINDS}
     assert seen["head"] == {k.code: list(k.head) for k in KINDS}
     assert seen["reason"] == {code.value: code.value for code in ReasonCode}
+    assert seen["dead"] == {code.value: code.value for code in DeadLetterReason}
 
 
-def test_no_lua_file_spells_an_event_reason_code() -> None:
+def test_no_lua_file_spells_a_reason_code() -> None:
     """Event reason codes come from the prelude's REASON table (gridmem/records.py
-    ReasonCode): a Lua string literal of one would be a second definition."""
-    from gridmem.records import ReasonCode
+    ReasonCode), dead-letter ones from its DEAD table (DeadLetterReason): a Lua string
+    literal of one would be a second definition."""
+    from gridmem.records import DeadLetterReason, ReasonCode
 
-    codes = "|".join(code.value for code in ReasonCode)
+    codes = "|".join(code.value for code in [*ReasonCode, *DeadLetterReason])
     literal = re.compile(rf"['\"]({codes})['\"]")
     offenders = [
         f"{path.name}:{number}: {line.strip()}"

@@ -18,7 +18,8 @@ import redis as redis_py
 from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
 from gridmem.errors import BadScriptArgument
 from gridmem.executor import translate
-from gridmem.scripts import load_scripts
+from gridmem.keys import KeySpace
+from gridmem.scripts import Scripts, load_scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
 
@@ -90,11 +91,14 @@ def test_published_once_per_store(
     store: ConversationStore = make_store(ConversationConfig(shards=3))
     store.record(avatar(1), "im", AvatarMessage(text="first"))
     first = [c for c in command_counter.commands if c != "<connection>"]
-    # 3 shards' limits, the layout, the record (plus one FCALL that found no library)
-    assert first.count("FCALL") - first.count("FUNCTION") == 3 + 1 + 1
+    # the layout and the record (plus one FCALL that found no library), and 3 shards'
+    # limits, each one MULTI/EXEC: a connection taken without a command through execute_command
+    assert first.count("FCALL") - first.count("FUNCTION") == 1 + 1
+    assert command_counter.commands.count("<connection>") - len(first) == 3
     command_counter.commands.clear()
     store.record(avatar(2), "im", AvatarMessage(text="second"))
     assert [c for c in command_counter.commands if c != "<connection>"] == ["FCALL"]
+    assert command_counter.commands.count("<connection>") == 1
 
 
 def test_a_writing_store_publishes_again_after_the_server_lost_it(
@@ -195,12 +199,6 @@ def test_every_shard_publishes_its_key_names_as_templates(make_store: Any, redis
     assert published["key_member"].replace("<uuid>", "u").replace("<channel>", "im") == "u:im"
 
 
-def test_publish_limits_refuses_a_key_name_with_a_space(redis: Any) -> None:
+def test_publish_limits_refuses_a_key_name_with_a_space() -> None:
     with pytest.raises(BadScriptArgument, match=r"GM_BADARG key_meta$"):
-        try:
-            redis.eval(
-                SCRIPTS["publish_limits"].source, 1, "gm:{0}:limits", "key_meta", "gm:{0}: meta"
-            )
-        except redis_py.ResponseError as exc:
-            raise translate(exc) from None
-    assert redis.keys("*") == []
+        Scripts().publish_limits(KeySpace().shard(0), {"key_meta": "gm:{0}: meta"})

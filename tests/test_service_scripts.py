@@ -1,7 +1,14 @@
-"""The worker service's Lua scripts, tested directly: every return shape and error code."""
+"""The worker service's stream calls, tested directly: every return shape and error code.
+
+The queue's atomic steps are Lua scripts; ensure_group, read_inbound, dead_letter
+and publish_reply are one plain command each, whose arguments the call's builder
+checks (as the scripts did) before there is any command to send."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +16,7 @@ import redis as redis_py
 
 from gridmem.errors import BadScriptArgument
 from gridmem.keys import KeySpace
+from gridmem.records import DeadLetterReason
 from gridmem.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
 from gridmem.store import ConversationStore
 from tests.helpers import avatar
@@ -46,6 +54,17 @@ def test_ensure_group(run: Any, redis: redis_py.Redis) -> None:
     assert run(SCRIPTS.ensure_group(SERVICE, group="workers")) is True
     assert run(SCRIPTS.ensure_group(SERVICE, group="workers")) is False
     assert redis.exists(SERVICE.inbound)
+    assert [g["name"] for g in redis.xinfo_groups(SERVICE.inbound)] in (
+        [b"workers"],
+        ["workers"],
+    )
+
+
+def test_ensure_group_takes_only_busygroup_for_an_answer(run: Any, redis: redis_py.Redis) -> None:
+    """BUSYGROUP says the group existed; any other error reply is an error still."""
+    redis.set(SERVICE.inbound, "not a stream")
+    with pytest.raises(redis_py.ResponseError, match="WRONGTYPE"):
+        run(SCRIPTS.ensure_group(SERVICE, group="workers"))
 
 
 def test_take_files_entries_per_key_in_arrival_order(run: Any, redis: redis_py.Redis) -> None:
@@ -315,11 +334,20 @@ def test_take_files_nothing_for_undecodable_uuid_or_channel(
     assert {x.decode() for x in redis.smembers(SERVICE.ready)} == {NIL}
 
 
-@pytest.mark.parametrize("reason", ["bad_encoding", "poison"])
-def test_dead_letter_knows_the_new_reasons(run: Any, redis: redis_py.Redis, reason: str) -> None:
+@pytest.mark.parametrize("reason", [code.value for code in DeadLetterReason])
+def test_dead_letter_knows_every_reason(run: Any, redis: redis_py.Redis, reason: str) -> None:
     run(SCRIPTS.dead_letter(SERVICE, entry_id="5-1", reason=reason, max_entries=10))
     [(_, fields)] = redis.xrange(SERVICE.dead)
     assert fields == {b"id": b"5-1", b"reason": reason.encode()}
+
+
+def test_the_stream_contract_lists_every_dead_letter_reason() -> None:
+    """docs/streams.md's table of gm:dead reasons is DeadLetterReason, no more, no less."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "streams.md").read_text()
+    section = doc.split("## `gm:dead`", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE)) == {
+        code.value for code in DeadLetterReason
+    }
 
 
 def _BEGIN(**override: str) -> Any:
@@ -330,7 +358,6 @@ def _BEGIN(**override: str) -> Any:
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (SCRIPTS.ensure_group(SERVICE, group="bad group"), "group"),
         (SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=0), "count"),
         (SCRIPTS.take_inbound(SERVICE, group="g", consumer="", count=1), "consumer"),
         (SCRIPTS.claim_key(SERVICE, member="x", owner="w", lease_ms=1), "member"),
@@ -357,38 +384,58 @@ def _BEGIN(**override: str) -> Any:
         ),
         (SCRIPTS.renew_lease(SERVICE, member=MA, owner="w w", lease_ms=1), "owner"),
         (SCRIPTS.orphaned_keys(SERVICE, sample=0), "sample"),
-        (SCRIPTS.read_inbound(SERVICE, entry_id="x"), "entry_id"),
-        (SCRIPTS.dead_letter(SERVICE, entry_id="1-0", reason="because", max_entries=1), "reason"),
-        (
-            SCRIPTS.publish_reply(
-                SERVICE,
-                avatar_uuid=A.upper(),
-                channel="im",
-                text_="t",
-                in_reply_to="1-0",
-                session_id="ab" * 16,
-                max_entries=1,
-            ),
-            "avatar_uuid",
-        ),
-        (
-            SCRIPTS.publish_reply(
-                SERVICE,
-                avatar_uuid=A,
-                channel="group",
-                text_="t",
-                in_reply_to="1-0",
-                session_id="ab" * 16,
-                max_entries=1,
-            ),
-            "channel",
-        ),
     ],
 )
 def test_bad_arguments(run: Any, redis: redis_py.Redis, call: Any, field: str) -> None:
     with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
         run(call)
     assert redis.dbsize() == 0
+
+
+def _reply(**override: Any) -> Any:
+    args = {
+        "avatar_uuid": A, "channel": "im", "text_": "t", "in_reply_to": "1-0",
+        "session_id": "ab" * 16, "max_entries": 1, **override,
+    }  # fmt: skip
+    return SCRIPTS.publish_reply(SERVICE, **args)
+
+
+def _dead(**override: Any) -> Any:
+    args = {"entry_id": "1-0", "reason": "gone", "max_entries": 1, **override}
+    return SCRIPTS.dead_letter(SERVICE, **args)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: SCRIPTS.ensure_group(SERVICE, group="bad group"), "group"),
+        (lambda: SCRIPTS.ensure_group(SERVICE, group=""), "group"),
+        (lambda: SCRIPTS.read_inbound(SERVICE, entry_id="x"), "entry_id"),
+        (lambda: SCRIPTS.read_inbound(SERVICE, entry_id="1-"), "entry_id"),
+        (lambda: _dead(reason="because"), "reason"),
+        (lambda: _dead(reason="GONE"), "reason"),
+        (lambda: _dead(reason="deleted_operator"), "reason"),  # an event's code, not a letter's
+        (lambda: _dead(entry_id="1"), "entry_id"),
+        (lambda: _dead(entry_id="1-0 "), "entry_id"),
+        (lambda: _dead(max_entries=0), "max_entries"),
+        (lambda: _dead(max_entries=True), "max_entries"),
+        (lambda: _reply(avatar_uuid=A.upper()), "avatar_uuid"),
+        (lambda: _reply(avatar_uuid="nope"), "avatar_uuid"),
+        (lambda: _reply(channel="group"), "channel"),
+        (lambda: _reply(channel="IM"), "channel"),
+        (lambda: _reply(in_reply_to="x"), "in_reply_to"),
+        (lambda: _reply(session_id="short"), "session_id"),
+        (lambda: _reply(session_id="AB" * 16), "session_id"),
+        (lambda: _reply(max_entries=0), "max_entries"),
+    ],
+)
+def test_plain_command_calls_refuse_bad_arguments_before_any_command(
+    build: Callable[[], Any], field: str
+) -> None:
+    """What the scripts checked, their builders check: a bad argument leaves nothing
+    to send (the refusal names the field, as a script's GM_BADARG did)."""
+    with pytest.raises(BadScriptArgument, match=f"^GM_BADARG {field}$"):
+        build()
 
 
 def test_read_receipt(store: ConversationStore) -> None:

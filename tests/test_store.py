@@ -25,6 +25,7 @@ from gridmem import (
 )
 from gridmem.embedded import EmbeddedServerError, SharedValkey, keeper_running
 from gridmem.errors import BadScriptArgument
+from gridmem.keys import KeySpace
 from gridmem.prepare import TRUNCATION_MARKER
 from gridmem.scripts import ScriptCall
 from tests.conftest import CommandCounter, short_tempdir
@@ -50,13 +51,20 @@ def test_text_over_limit_is_stored_truncated(make_store: Any) -> None:
     assert len(texts[1].encode()) <= 40 and texts[2] == "ü" * 25
 
 
+def _bad_list_metadata(store: ConversationStore) -> ScriptCall[Any]:
+    """A call the script refuses (GM_BADARG after), built by hand past the typed method."""
+    shard = store._ops.keys.shard(0)
+    keys = (shard.sessions, shard.lru_public, shard.lru_im, shard.clock)
+    return ScriptCall(store._ops.scripts.by_name["list_metadata"], keys, (0, 0, "b", "x", 1), list)
+
+
 def test_script_error_is_mapped_and_not_retried(
     store: ConversationStore, command_counter: CommandCounter
 ) -> None:
     def sent() -> list[str]:
         return [c for c in command_counter.commands if c != "<connection>"]
 
-    bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
+    bad = _bad_list_metadata(store)
     with pytest.raises(BadScriptArgument, match="GM_BADARG after"):
         store.executor.call(bad)
     assert sent() == ["FCALL", "FUNCTION", "FCALL"]  # a new server: the library is loaded once
@@ -68,9 +76,8 @@ def test_script_error_is_mapped_and_not_retried(
 
 def test_a_refused_call_leaves_no_state_for_the_next(store: ConversationStore) -> None:
     """Library functions share lib.lua's locals between calls: bad_field must not stick."""
-    bad = ScriptCall(store._ops.scripts.by_name["read_events"], ("gm:{0}:events",), ("x", 1), list)
     with pytest.raises(BadScriptArgument):
-        store.executor.call(bad)
+        store.executor.call(_bad_list_metadata(store))
     store.record(A, "public", AvatarMessage(text="still fine"))
     assert [m.content for m in store.context(A, "public")] == ["still fine"]
     assert store.events() == []
@@ -105,14 +112,14 @@ def test_functions_carry_their_declared_flags(store: ConversationStore, redis: A
 def test_versions_side_by_side(store: ConversationStore, redis: Any) -> None:
     """Another gridmem version's library does not disturb this one's functions."""
     scripts = store._ops.scripts.by_name
-    other = scripts["read_stats"].library.code.replace(
-        scripts["read_stats"].library.name, "gridmem_other"
+    other = scripts["read_page"].library.code.replace(
+        scripts["read_page"].library.name, "gridmem_other"
     )
     redis.execute_command("FUNCTION", "LOAD", other)
     store.record(A, "public", AvatarMessage(text="hi"))
     assert store.stats().sessions[Channel.PUBLIC] == 1
     names = {lib[1].decode() for lib in redis.function_list()}
-    assert {"gridmem_other", scripts["read_stats"].library.name} <= names
+    assert {"gridmem_other", scripts["read_page"].library.name} <= names
 
 
 class FlakyConnection(redis_py.UnixDomainSocketConnection):
@@ -148,6 +155,18 @@ def test_idempotent_calls_retry_after_connection_fault(real_servers: Any) -> Non
     with pytest.raises(redis_py.ConnectionError):
         store.record(A, "public", AvatarMessage(text="no key"))  # could apply twice: not retried
     assert [t.text for t in store.read_page(A, "public").turns] == ["warm up", "with key"]
+    # plain commands alike: reads and a whole-hash replacement are retried, an XADD is not
+    for idempotent in (store.stats, store.events, store.publish_limits):
+        FlakyConnection.armed = True
+        idempotent()
+        assert not FlakyConnection.armed
+    FlakyConnection.armed = True
+    dead = store.scripts.dead_letter(
+        KeySpace().service(), entry_id="1-1", reason="gone", max_entries=10
+    )
+    with pytest.raises(redis_py.ConnectionError):
+        store.executor.call(dead)  # a resend could add a second dead letter
+    assert client.xlen("gm:dead") == 0
 
 
 def test_context_refuses_entries_of_another_session(store: ConversationStore, redis: Any) -> None:

@@ -269,9 +269,9 @@ class Faults:
         run_call = self.store.executor.call
 
         async def running_call(call: Any) -> Any:
-            # every command goes through the executor, the doors' reads too (no .script)
-            script = getattr(call, "script", None)
-            if script is not None and script.name == "publish_reply" and self.poisoned in call.args:
+            # every command goes through the executor: the reply's XADD to gm:outbound too
+            commands = getattr(call, "commands", ())
+            if any(c[:2] == ("XADD", OUTBOUND) and self.poisoned in c for c in commands):
                 self.fail("publish")
             return await run_call(call)
 

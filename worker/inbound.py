@@ -11,6 +11,7 @@ from typing import Any
 
 from gridmem.errors import InvalidInput
 from gridmem.keys import INBOUND_FIELDS
+from gridmem.records import DeadLetterReason
 from gridmem.validate import canonical_uuid, parse_channel
 from worker.llm import has_visible_text
 
@@ -18,7 +19,7 @@ from worker.llm import has_visible_text
 class Rejected(Exception):
     """An inbound entry that cannot be answered; `reason` is its dead-letter code."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: DeadLetterReason) -> None:
         super().__init__(reason)
         self.reason = reason
 
@@ -31,40 +32,40 @@ def decode_inbound(raw: Sequence[tuple[bytes, bytes]], max_input_bytes: int) -> 
     (checked first, so no oversized field is ever decoded).
     """
     if not raw:
-        raise Rejected("gone")
+        raise Rejected(DeadLetterReason.GONE)
     fields = {}
     for name, value in raw:
         if len(value) > max_input_bytes:
-            raise Rejected("oversized")
+            raise Rejected(DeadLetterReason.OVERSIZED)
         try:
             fields[name.decode("utf-8")] = value.decode("utf-8")
         except UnicodeDecodeError:
-            raise Rejected("bad_encoding") from None
+            raise Rejected(DeadLetterReason.BAD_ENCODING) from None
     return fields
 
 
 def check_inbound(fields: dict[str, str], max_input_bytes: int) -> tuple[str, str, str]:
     """(avatar UUID, channel, text) of a well-formed inbound entry, else Rejected."""
     if not fields:
-        raise Rejected("gone")
+        raise Rejected(DeadLetterReason.GONE)
     if set(fields) - INBOUND_FIELDS:
-        raise Rejected("unknown_field")
+        raise Rejected(DeadLetterReason.UNKNOWN_FIELD)
     text = fields.get("text")
     if not text or not has_visible_text(text):
-        raise Rejected("missing_text")
+        raise Rejected(DeadLetterReason.MISSING_TEXT)
     if (
         len(text) > max_input_bytes
         or len(text.encode("utf-8", "surrogateescape")) > max_input_bytes
     ):
-        raise Rejected("oversized")
+        raise Rejected(DeadLetterReason.OVERSIZED)
     try:
         uuid = canonical_uuid(fields.get("avatar_uuid"))
     except InvalidInput:
-        raise Rejected("bad_uuid") from None
+        raise Rejected(DeadLetterReason.BAD_UUID) from None
     try:
         channel = parse_channel(fields.get("channel")).value
     except InvalidInput:
-        raise Rejected("bad_channel") from None
+        raise Rejected(DeadLetterReason.BAD_CHANNEL) from None
     return uuid, channel, text
 
 

@@ -61,7 +61,7 @@ from gridmem.config import Settings, WorkerSettings
 from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from gridmem.executor import RETRYABLE
 from gridmem.keys import KeySpace
-from gridmem.records import AgentReply, AvatarMessage, Receipt
+from gridmem.records import AgentReply, AvatarMessage, DeadLetterReason, Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount, KeyStep
 from gridmem.store import OFFLOAD_TEXT_CHARS, AsyncConversationStore, connect_async
@@ -337,7 +337,7 @@ class Worker:
                 await self._dead_letter(entry_id, step.rejected, member=member)
             elif step.attempts >= self.max_attempts:
                 # the earlier attempts ended without a word: their worker died or stalled
-                await self._dead_letter(entry_id, "poison", member=member)
+                await self._dead_letter(entry_id, DeadLetterReason.POISON, member=member)
             elif not await self._settle(member, step, hand):
                 return KeyStep("lost"), ""
             return await self._finish(entry_id, member), ""
@@ -373,7 +373,7 @@ class Worker:
             if answered:
                 return True
             if count.attempts >= self.max_attempts:
-                await self._dead_letter(entry_id, "poison", member=member)
+                await self._dead_letter(entry_id, DeadLetterReason.POISON, member=member)
                 return True
             failed, hand.token = token, ""
 
@@ -501,10 +501,10 @@ class Worker:
             await self._reject(entry_id, bad.reason, member=member)
             return
         except InputTooLarge:
-            await self._reject(entry_id, "oversized", member=member)
+            await self._reject(entry_id, DeadLetterReason.OVERSIZED, member=member)
             return
         except InvalidInput:
-            await self._reject(entry_id, "bad_text", member=member)
+            await self._reject(entry_id, DeadLetterReason.BAD_TEXT, member=member)
             return
         reply_key = f"{entry_id}:reply"
         if recorded.duplicate and await self._republish(uuid, channel, entry_id, reply_key):

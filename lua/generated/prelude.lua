@@ -20,3 +20,5 @@ local KIND_CODE = { avatar_message = 'a', agent_reply = 'r', tool_summary = 't',
 local KIND_HEAD = { a = { '- avatar (untrusted): ' }, r = { '- agent: ' }, t = { '- tool ', ' (untrusted): ' }, x = { '- action ', ' ', ': ' } }
 -- event reason codes (gridmem/records.py ReasonCode)
 local REASON = { expired_inactivity = 'expired_inactivity', expired_operator = 'expired_operator', deleted_operator = 'deleted_operator', compacted = 'compacted', summary_trimmed = 'summary_trimmed', evicted_session_limit = 'evicted_session_limit', evicted_aggregate_bytes = 'evicted_aggregate_bytes', snapshot_quarantined = 'snapshot_quarantined', snapshot_restored = 'snapshot_restored', permissions_not_verified = 'permissions_not_verified' }
+-- dead-letter reason codes (gridmem/records.py DeadLetterReason)
+local DEAD = { missing_field = 'missing_field', bad_uuid = 'bad_uuid', bad_channel = 'bad_channel', missing_text = 'missing_text', bad_text = 'bad_text', oversized = 'oversized', unknown_field = 'unknown_field', bad_encoding = 'bad_encoding', gone = 'gone', poison = 'poison' }
