@@ -29,7 +29,7 @@ Layout (namespace "gm", shard 0):
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
 live in the same shard. lua/lib.lua rebuilds a session's key names from an
-index member for expiry/eviction victims; SESSION_PARTS must match it.
+index member for expiry/eviction victims, from SESSION_PARTS (in the prelude).
 """
 
 from __future__ import annotations
@@ -42,6 +42,18 @@ from dataclasses import dataclass
 from gridmem.records import Channel
 
 SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
+# The shard's keys every script that keeps a shard takes (record_turn, restore_session,
+# sweep_idle, delete_session), in this order, after a session's SESSION_PARTS where it
+# has one (session_calls.shard_script_keys builds them; lib.lua reads them by name).
+SHARD_PARTS: tuple[str, ...] = (
+    "lru_public",
+    "lru_im",
+    "sessions",
+    "seq",
+    "clock",
+    "events",
+    "stats",
+)
 
 
 def session_member(avatar_uuid: str, channel: Channel) -> str:

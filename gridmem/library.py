@@ -10,10 +10,10 @@ server time per call (docs/benchmarks.md). Each script also stays a standalone
 source (prelude + lib.lua + script) for EVAL, which the Lua tests use.
 
 The prelude is the one place the Lua side gets a value Python also uses: TTLs,
-session key parts, the limits packet's field order, the clock table's bounds, the
-UUID and session ID patterns, the record kinds' codes and summary heads, and the
-event and dead-letter reason codes, each written from the Python constant
-(`prelude()`). lib.lua defines none of them.
+session key parts, the shard scripts' KEYS layout, the limits packet's field
+order, the clock table's bounds, the UUID and session ID patterns, the record
+kinds' codes and summary heads, and the event and dead-letter reason codes, each
+written from the Python constant (`prelude()`). lib.lua defines none of them.
 bin/gridmem-cli, a bash script that may run where gridmem is not importable,
 reads the same prelude from lua/generated/prelude.lua, which `python -m gridmem.library` writes and
 tests/test_lua_scripts.py checks is `prelude()`, byte for byte.
@@ -31,7 +31,7 @@ from pathlib import Path
 from gridmem.clock import MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS
 from gridmem.config import LIMIT_FIELDS
 from gridmem.ids import SESSION_ID_LUA, UUID_LUA
-from gridmem.keys import SESSION_PARTS
+from gridmem.keys import SESSION_PARTS, SHARD_PARTS
 from gridmem.kinds import KINDS
 from gridmem.records import CHANNEL_TTL_MS, DeadLetterReason, ReasonCode
 
@@ -99,6 +99,7 @@ def prelude() -> str:
     constants: list[tuple[str, str, object]] = [
         ("TTL_MS", "inactivity TTLs, exact (gridmem/records.py)", dict(CHANNEL_TTL_MS)),
         ("SESSION_PARTS", "parts of a session, in order (gridmem/keys.py)", SESSION_PARTS),
+        ("SHARD_PARTS", "a shard script's shard KEYS, in order (gridmem/keys.py)", SHARD_PARTS),
         ("LIMIT_FIELDS", "record_turn's limits packet, in order (gridmem/config.py)", LIMIT_FIELDS),
         ("MAX_BOOT_ID_CHARS", "longest boot id (gridmem/clock.py)", MAX_BOOT_ID_CHARS),
         ("MAX_CLOCK_BOOTS", "boots a clock hash keeps (gridmem/clock.py)", MAX_CLOCK_BOOTS),

@@ -6,6 +6,7 @@ arguments checked here first, gridmem/arguments.py, as a script would)."""
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from gridmem.config import (
     Limits,
     shard_limits,
 )
-from gridmem.keys import TEMPLATE_FIELD, SessionKeys, ShardKeys
+from gridmem.keys import SHARD_PARTS, TEMPLATE_FIELD, SessionKeys, ShardKeys
 from gridmem.replies import (
     ClockReading,
     CommandCall,
@@ -87,18 +88,16 @@ def _text_or_empty(reply: Any) -> str:
     return "" if reply is None else text(reply)
 
 
-def _writer_keys(session: SessionKeys, shard: ShardKeys) -> tuple[str, ...]:
-    """KEYS of the scripts that write a session and keep its shard's bounds."""
-    return (
-        *session.all(),
-        shard.lru_public,
-        shard.lru_im,
-        shard.sessions,
-        shard.seq,
-        shard.clock,
-        shard.events,
-        shard.stats,
-    )
+_SHARD_PARTS = operator.attrgetter(*SHARD_PARTS)
+
+
+def shard_script_keys(shard: ShardKeys, session: SessionKeys | None = None) -> tuple[str, ...]:
+    """The one KEYS layout of every script that keeps a shard (record_turn,
+    restore_session, sweep_idle, delete_session): the session's keys first where it has
+    one (SESSION_PARTS order), then the shard's (SHARD_PARTS order). lib.lua's
+    shard_script_keys reads them back by name."""
+    own = session.all() if session is not None else ()
+    return (*own, *_SHARD_PARTS(shard))
 
 
 class SessionCalls(ScriptCalls):
@@ -120,7 +119,7 @@ class SessionCalls(ScriptCalls):
     ) -> ScriptCall[RecordReply]:
         return self._call(
             "record_turn",
-            _writer_keys(session, shard),
+            shard_script_keys(shard, session),
             (
                 *clock.args(),
                 session.member,
@@ -169,17 +168,7 @@ class SessionCalls(ScriptCalls):
         self, shard: ShardKeys, clock: ClockReading, *, batch: int, max_events: int
     ) -> ScriptCall[int]:
         return self._call(
-            "sweep_idle",
-            (
-                shard.lru_public,
-                shard.lru_im,
-                shard.sessions,
-                shard.clock,
-                shard.events,
-                shard.stats,
-            ),
-            (*clock.args(), batch, max_events),
-            int,
+            "sweep_idle", shard_script_keys(shard), (*clock.args(), batch, max_events), int
         )
 
     def delete_session(
@@ -193,14 +182,7 @@ class SessionCalls(ScriptCalls):
     ) -> ScriptCall[bool]:
         return self._call(
             "delete_session",
-            (
-                *session.all(),
-                shard.lru_public,
-                shard.lru_im,
-                shard.sessions,
-                shard.events,
-                shard.stats,
-            ),
+            shard_script_keys(shard, session),
             (now_wall, session.member, reason, max_events),
             bool,
         )
@@ -253,7 +235,7 @@ class SessionCalls(ScriptCalls):
         archived = [entry for segment in segments for entry in segment]
         return self._call(
             "restore_session",
-            _writer_keys(session, shard),
+            shard_script_keys(shard, session),
             (
                 *clock.args(),
                 session.member,

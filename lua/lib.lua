@@ -10,9 +10,10 @@
 -- inside the same hash tag.
 -- Errors: helpers never raise; a script's argument checker (new_args) remembers
 -- the first bad field and the script returns args:error() before its first write.
--- The constants shared with Python (TTL_MS, SESSION_PARTS, LIMIT_FIELDS,
+-- The constants shared with Python (TTL_MS, SESSION_PARTS, SHARD_PARTS, LIMIT_FIELDS,
 -- MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS, KIND_CODE, KIND_HEAD, REASON, DEAD) are not
 -- written here: gridmem/library.py generates them into a prelude that precedes this file.
+-- The scripts that keep a shard take one KEYS layout: see Args:shard_keys below.
 
 -- UUID_BODY and SESSION_ID_BODY come from the prelude (gridmem/ids.py).
 -- A canonical (lowercase) avatar UUID, and a session member '<uuid>:<channel>'.
@@ -25,7 +26,8 @@ local SESSION_ID_PATTERN = '^' .. SESSION_ID_BODY .. '$'
 
 -- Every script reads its arguments through one checker of its own call:
 --   local args = new_args()
---   local n = args:int('name', ARGV[i], lo, hi)   ... args:str, args:member, args:limits, args:clock
+--   local n = args:int('name', ARGV[i], lo, hi)   ... args:str, args:member, args:limits,
+--                                                     args:clock, args:shard_keys
 --   local err = args:error(); if err then return err end
 -- A checker remembers the first bad field (args:fail(name) names one by hand);
 -- being a value of the call, nothing of it outlives the call (a function library
@@ -92,6 +94,29 @@ function Args:clock(a1, a2, a3)
   local boot = self:str('boot_id', a3, '^[%w%-_.]+$')
   if #boot > MAX_BOOT_ID_CHARS then self:fail('boot_id') end
   return mono, wall, boot
+end
+
+-- The one KEYS layout of every script that keeps a shard (record_turn, restore_session,
+-- sweep_idle, delete_session), built by gridmem/session_calls.py shard_script_keys:
+--   with a session:  KEYS[1..5]  = its keys, SESSION_PARTS order (meta, turns, idem,
+--                                  summary, archive: gm:{shard}:s:<uuid>:<ch>:<part>)
+--                    KEYS[6..12] = the shard's, SHARD_PARTS order (below)
+--   without one:     KEYS[1..7]  = the shard's, SHARD_PARTS order: lru_public, lru_im,
+--                                  sessions, seq, clock, events, stats (gm:{shard}:lru:public, ...)
+-- Returns the keys by name (keys.meta, keys.clock, ...; keys.own lists the session's in
+-- SESSION_PARTS order); a count other than the layout's fails 'keys'.
+function Args:shard_keys(raw, with_session)
+  local named, first = {}, 0
+  if with_session then
+    named.own = {}
+    for i, part in ipairs(SESSION_PARTS) do
+      named[part], named.own[i] = raw[i], raw[i]
+    end
+    first = #SESSION_PARTS
+  end
+  for i, part in ipairs(SHARD_PARTS) do named[part] = raw[first + i] end
+  if #raw ~= first + #SHARD_PARTS then self:fail('keys') end
+  return named
 end
 
 -- The reply for the first bad field, or nil: returned before the script's first write.
@@ -286,9 +311,8 @@ local function count_attempt(attempts, id, token, also, failed)
 end
 
 -- The shard context every session-ending script builds: {lru = {public, im},
--- sessions, stats, events, max_events, wall, prefix}. `keys` names the shard's
--- keys by field (lru_public, lru_im, sessions, events, stats), so no caller
--- passes them in an order of its own.
+-- sessions, stats, events, max_events, wall, prefix}. `keys` are its KEYS by name
+-- (args:shard_keys), so no script reads them in an order of its own.
 local function shard_context(keys, max_events, wall)
   return {
     lru = { public = keys.lru_public, im = keys.lru_im }, sessions = keys.sessions,

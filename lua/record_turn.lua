@@ -10,6 +10,7 @@
 -- idle past their TTL (expired_inactivity each, oldest first; before the shard
 -- bounds are checked), so a store that is only written and read frees expired
 -- chat without anyone calling sweep().
+-- KEYS: the shard scripts' layout with a session (lib.lua Args:shard_keys), read by name:
 -- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)   sid, created, active, turns, bytes, tools
 -- KEYS[2]  = gm:{shard}:s:<uuid>:<ch>:turns    (zset)   score = seq, member = record
 -- KEYS[3]  = gm:{shard}:s:<uuid>:<ch>:idem     (hash)   idempotency key -> receipt
@@ -36,11 +37,13 @@
 --            sweep_batch = most other expired sessions this call ends (0: none)
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
 -- Flags:   none (writes: refused whole while the server is out of memory)
--- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
+-- Errors:  "GM_BADARG <field>" on a malformed argument, "GM_BADARG keys" on KEYS
+--          not in the layout (nothing written either way)
 --          "GM_CORRUPT idem" when a stored receipt cannot be read
 
 local args = new_args()
 
+local keys = args:shard_keys(KEYS, true)
 local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
 local member, _, channel = args:member('member', ARGV[4])
 local candidate = args:str('session_id', ARGV[5], SESSION_ID_PATTERN)
@@ -53,26 +56,23 @@ local limits = args:limits('limits', ARGV[11])
 local err = args:error()
 if err then return err end
 
-local shard = shard_context({
-  lru_public = KEYS[6], lru_im = KEYS[7], sessions = KEYS[8], events = KEYS[11], stats = KEYS[12],
-}, max_events, wall)
-local own = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }
-local now = store_now(KEYS[10], boot, mono, wall, true)
+local shard = shard_context(keys, max_events, wall)
+local now = store_now(keys.clock, boot, mono, wall, true)
 
-local meta = redis.call('HMGET', KEYS[1], 'sid', 'turns', 'bytes', 'tools')
+local meta = redis.call('HMGET', keys.meta, 'sid', 'turns', 'bytes', 'tools')
 local sid = meta[1]
 local last = nil
 if sid then
   local expired
   expired, last = is_expired(shard.lru[channel], member, channel, now)
   if expired then
-    end_session(shard, own, member, REASON.expired_inactivity)
+    end_session(shard, keys.own, member, REASON.expired_inactivity)
     sid, last = false, nil
   end
 end
 
 if sid and idem ~= '' then
-  local prior = redis.call('HGET', KEYS[3], idem)
+  local prior = redis.call('HGET', keys.idem, idem)
   if prior then
     local pseq, pnew, pred, ptrunc = string.match(prior, '^(%d+):([01]):(%d+):([01])$')
     if pseq == nil then return redis.error_reply('GM_CORRUPT idem') end
@@ -83,21 +83,21 @@ end
 local new_session = 0
 local summary_bytes = 0
 if sid then
-  summary_bytes = redis.call('STRLEN', KEYS[4])
+  summary_bytes = redis.call('STRLEN', keys.summary)
 else
   sid, new_session = candidate, 1
   meta = { sid, '0', '0', '0' }
-  redis.call('HSET', KEYS[1], 'sid', sid, 'created', wall)
+  redis.call('HSET', keys.meta, 'sid', sid, 'created', wall)
   redis.call('ZADD', shard.sessions, 0, member)
 end
 
 -- append
-local seq = redis.call('INCR', KEYS[9])
+local seq = redis.call('INCR', keys.seq)
 local entry = seq .. '|' .. wall .. '|' .. sid .. '|' .. payload
-redis.call('ZADD', KEYS[2], seq, entry)
+redis.call('ZADD', keys.turns, seq, entry)
 local old_bytes = tonumber(meta[3]) or 0
 local s = {
-  keys = own,
+  keys = keys.own,
   turns = (tonumber(meta[2]) or 0) + 1,
   tools = (tonumber(meta[4]) or 0) + (string.sub(payload, 1, 4) == '["t"' and 1 or 0),
   turn_bytes = old_bytes - summary_bytes + #entry,
@@ -108,13 +108,13 @@ if last == nil or now > last then
   redis.call('ZADD', shard.lru[channel], now, member)
 end
 if idem ~= '' then
-  redis.call('HSET', KEYS[3], idem, seq .. ':' .. new_session .. ':' .. redactions .. ':' .. truncated)
+  redis.call('HSET', keys.idem, idem, seq .. ':' .. new_session .. ':' .. redactions .. ':' .. truncated)
 end
 
 keep_session_bounds(shard, s, sid, member, limits)
 
 local bytes = s.turn_bytes + s.summary_bytes
-redis.call('HSET', KEYS[1], 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
+redis.call('HSET', keys.meta, 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
 -- A few idle sessions of this shard go with every write, before the bound check
 -- below counts them: expired chat leaves even if nobody ever sweeps.
 expire_idle(shard, now, limits.sweep_batch)

@@ -5,6 +5,7 @@
 -- shard evicts least-recently-active sessions if over its bounds (restore the
 -- oldest sessions first so the newest survive). The sequence counter is raised
 -- past the restored records, so new turns always sort after them.
+-- KEYS: the shard scripts' layout with a session (lib.lua Args:shard_keys), read by name:
 -- KEYS[1]  = gm:{shard}:s:<uuid>:<ch>:meta     (hash)
 -- KEYS[2]  = gm:{shard}:s:<uuid>:<ch>:turns    (zset)
 -- KEYS[3]  = gm:{shard}:s:<uuid>:<ch>:idem     (hash)
@@ -36,10 +37,12 @@
 --            seq strictly increasing across both
 -- Returns: 1 if restored, 0 if a live session already had this key (nothing written)
 -- Flags:   none (writes: refused whole while the server is out of memory)
--- Errors:  "GM_BADARG <field>" on a malformed argument (nothing written)
+-- Errors:  "GM_BADARG <field>" on a malformed argument, "GM_BADARG keys" on KEYS
+--          not in the layout (nothing written either way)
 
 local args = new_args()
 
+local keys = args:shard_keys(KEYS, true)
 local mono, wall, boot = args:clock(ARGV[1], ARGV[2], ARGV[3])
 local member, _, channel = args:member('member', ARGV[4])
 local sid = args:str('session_id', ARGV[5], SESSION_ID_PATTERN)
@@ -87,36 +90,33 @@ if covered ~= abytes then args:fail('segments') end
 local err = args:error()
 if err then return err end
 
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', keys.meta) == 1 then return 0 end
 
-local shard = shard_context({
-  lru_public = KEYS[6], lru_im = KEYS[7], sessions = KEYS[8], events = KEYS[11], stats = KEYS[12],
-}, max_events, wall)
-local own = { KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5] }
-local now = store_now(KEYS[10], boot, mono, wall, true)
+local shard = shard_context(keys, max_events, wall)
+local now = store_now(keys.clock, boot, mono, wall, true)
 
 -- in chunks: Lua's unpack() refuses a few thousand values at once
 for i = 1, #records, 1000 do
-  redis.call('ZADD', KEYS[2], unpack(records, i, math.min(i + 999, #records)))
+  redis.call('ZADD', keys.turns, unpack(records, i, math.min(i + 999, #records)))
 end
 for i = 15, first_archived - 1, 1000 do
-  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, first_archived - 1)))
+  redis.call('HSET', keys.idem, unpack(ARGV, i, math.min(i + 999, first_archived - 1)))
 end
 for i = 1, #archive, 1000 do
-  redis.call('ZADD', KEYS[5], unpack(archive, i, math.min(i + 999, #archive)))
+  redis.call('ZADD', keys.archive, unpack(archive, i, math.min(i + 999, #archive)))
 end
-if summary ~= '' then redis.call('SET', KEYS[4], summary) end
+if summary ~= '' then redis.call('SET', keys.summary, summary) end
 redis.call('ZADD', shard.sessions, 0, member)
 redis.call('ZADD', shard.lru[channel], now - age, member)
-if tonumber(redis.call('GET', KEYS[9]) or '0') < previous then
-  redis.call('SET', KEYS[9], previous)
+if tonumber(redis.call('GET', keys.seq) or '0') < previous then
+  redis.call('SET', keys.seq, previous)
 end
 
-if abytes > 0 then redis.call('HSET', KEYS[1], 'segments', segments_text, 'abytes', abytes) end
-local s = { keys = own, turns = #records / 2, tools = tools, turn_bytes = turn_bytes, summary_bytes = #summary }
+if abytes > 0 then redis.call('HSET', keys.meta, 'segments', segments_text, 'abytes', abytes) end
+local s = { keys = keys.own, turns = #records / 2, tools = tools, turn_bytes = turn_bytes, summary_bytes = #summary }
 keep_session_bounds(shard, s, sid, member, limits)
 local bytes = s.turn_bytes + s.summary_bytes
-redis.call('HSET', KEYS[1], 'sid', sid, 'created', created, 'active', active,
+redis.call('HSET', keys.meta, 'sid', sid, 'created', created, 'active', active,
   'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
 redis.call('HINCRBY', shard.stats, 'bytes', bytes + abytes + (s.archive_delta or 0))
 evict_over_bounds(shard, limits, member, now)

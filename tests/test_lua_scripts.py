@@ -28,7 +28,8 @@ from gridmem.scripts import (
     load_scripts,
     lua_dir,
 )
-from tests.helpers import avatar
+from gridmem.session_calls import shard_script_keys
+from tests.helpers import avatar, dump_all
 
 SCRIPTS = load_scripts()
 KEYSPACE = KeySpace()
@@ -67,10 +68,8 @@ def _s(v: Any) -> Any:
     return v
 
 
-RECORD_KEYS = [
-    *SESSION.all(), SHARD.lru_public, SHARD.lru_im, SHARD.sessions, SHARD.seq, SHARD.clock,
-    SHARD.events, SHARD.stats,
-]  # fmt: skip
+# The shard scripts' one KEYS layout: a session's keys, then the shard's (or the shard's alone)
+RECORD_KEYS = list(shard_script_keys(SHARD, SESSION))
 LIMITS = limits_packet(Limits(), 1)
 
 
@@ -244,14 +243,7 @@ class TestListMetadata:
             run("list_metadata", LIST_KEYS, args)
 
 
-SWEEP_KEYS = [
-    SHARD.lru_public,
-    SHARD.lru_im,
-    SHARD.sessions,
-    SHARD.clock,
-    SHARD.events,
-    SHARD.stats,
-]
+SWEEP_KEYS = list(shard_script_keys(SHARD))
 
 
 class TestSweepIdle:
@@ -271,9 +263,7 @@ class TestSweepIdle:
             run("sweep_idle", SWEEP_KEYS, args)
 
 
-DELETE_KEYS = [
-    *SESSION.all(), SHARD.lru_public, SHARD.lru_im, SHARD.sessions, SHARD.events, SHARD.stats,
-]  # fmt: skip
+DELETE_KEYS = RECORD_KEYS
 
 
 class TestDeleteSession:
@@ -360,8 +350,13 @@ def test_contract_header_and_key_count(name: str) -> None:
         assert SCRIPTS[name].flags == ("no-writes",)
     declared = [int(n) for n in re.findall(r"^-- KEYS\[(\d+)\]", header, re.MULTILINE)]
     assert declared == list(range(1, len(declared) + 1)) and declared
-    used_keys = {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", body.split("\n\n", 1)[1])}
-    assert used_keys == set(declared)
+    code = body.split("\n\n", 1)[1]
+    used_keys = {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", code)}
+    if "args:shard_keys(KEYS" in code:  # the shard scripts' layout, read by name
+        assert used_keys == set()
+        assert _declared_key_names(header) == _key_templates(_wrapper_calls()[name].keys)
+    else:
+        assert used_keys == set(declared)
     documented_argv = {int(n) for n in re.findall(r"^-- ARGV\[(\d+)\]", header, re.MULTILINE)}
     used_argv = {int(n) for n in re.findall(r"\bARGV\[(\d+)\]", body.split("\n\n", 1)[1])}
     assert used_argv == documented_argv
@@ -372,6 +367,62 @@ def test_contract_header_and_key_count(name: str) -> None:
         assert len(call.args) >= len(documented_argv)
     else:
         assert len(call.args) == len(documented_argv)
+
+
+def _declared_key_names(header: str) -> list[str]:
+    """The key names a header declares, in KEYS order: 'gm:{shard}:s:<uuid>:<ch>:meta', ..."""
+    return re.findall(r"^-- KEYS\[\d+\]\s*=\s*(\S+)", header, re.MULTILINE)
+
+
+def _key_templates(keys: tuple[str, ...]) -> list[str]:
+    """A wrapper's keys (shard 0, MEMBER's session) written as the headers write them."""
+    return [k.replace("{0}", "{shard}").replace(MEMBER, "<uuid>:<ch>") for k in keys]
+
+
+SHARD_SCRIPTS = ["record_turn", "restore_session", "sweep_idle", "delete_session"]
+
+
+@pytest.mark.parametrize("name", SHARD_SCRIPTS)
+def test_every_shard_script_takes_the_one_keys_layout(name: str) -> None:
+    """Regression (issue 14): the scripts that keep a shard took their shard's keys in
+    orders and sets of their own (sweep_idle and delete_session fewer than the writers).
+    Now each reads one layout by name: the session's keys where it has one, then the
+    shard's, SHARD_PARTS in order, as session_calls.shard_script_keys builds them."""
+    from gridmem.keys import SESSION_PARTS, SHARD_PARTS
+
+    call = _wrapper_calls()[name]
+    has_session = name != "sweep_idle"
+    assert call.keys == shard_script_keys(SHARD, SESSION if has_session else None)
+    parts = [*(SESSION_PARTS if has_session else ()), *SHARD_PARTS]
+    assert call.keys == tuple(getattr(SESSION if p in SESSION_PARTS else SHARD, p) for p in parts)
+    assert "args:shard_keys(KEYS" in (lua_dir() / f"{name}.lua").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "keys", "args"),
+    [
+        # delete_session as bin/gridmem-cli called it before: ten keys, no seq or clock
+        ("delete_session", [*RECORD_KEYS[:8], *RECORD_KEYS[10:]], [NOW[1], MEMBER, "deleted_operator", 100]),
+        ("delete_session", SWEEP_KEYS, [NOW[1], MEMBER, "deleted_operator", 100]),
+        ("sweep_idle", [*SWEEP_KEYS[:3], *SWEEP_KEYS[4:]], [*NOW, 10, 100]),  # no seq, as before
+        ("sweep_idle", RECORD_KEYS, [*NOW, 10, 100]),
+        ("record_turn", RECORD_KEYS[:-1], record_args()),
+    ],
+)  # fmt: skip
+def test_a_shard_script_refuses_keys_out_of_the_layout(
+    redis: redis_py.Redis, name: str, keys: list[str], args: list[Any]
+) -> None:
+    # Given a session (when the call under test is not the one that would write it)
+    if name != "record_turn":
+        redis.eval(SCRIPTS["record_turn"].source, len(RECORD_KEYS), *RECORD_KEYS, *record_args())
+    before = dump_all(redis)
+    # When a script gets KEYS in another layout: refused before its first write
+    with pytest.raises(BadScriptArgument, match=r"^GM_BADARG keys$"):
+        try:
+            redis.eval(SCRIPTS[name].source, len(keys), *keys, *args)
+        except redis_py.ResponseError as exc:
+            raise translate(exc) from None
+    assert dump_all(redis) == before
 
 
 def test_wrapper_keys_share_one_cluster_slot() -> None:
@@ -564,7 +615,7 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     import json
 
     from gridmem.clock import MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS
-    from gridmem.keys import SESSION_PARTS
+    from gridmem.keys import SESSION_PARTS, SHARD_PARTS
     from gridmem.kinds import KINDS
     from gridmem.library import PRELUDE_FILE, prelude
     from gridmem.records import CHANNEL_TTL_MS, DeadLetterReason, ReasonCode
@@ -578,13 +629,15 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     assert [n for n in names if re.search(rf"^local {n}\b", lib, re.MULTILINE)] == []
     probe = (
         SCRIPTS["read_backlog"].source.replace("return redis.call('XLEN', KEYS[1])", "")
-        + "\nreturn cjson.encode({ttl = TTL_MS, parts = SESSION_PARTS, limits = LIMIT_FIELDS,"
+        + "\nreturn cjson.encode({ttl = TTL_MS, parts = SESSION_PARTS, shard = SHARD_PARTS,"
+        " limits = LIMIT_FIELDS,"
         " boot = MAX_BOOT_ID_CHARS, boots = MAX_CLOCK_BOOTS, code = KIND_CODE, head = KIND_HEAD,"
         " reason = REASON, dead = DEAD})"
     )
     seen = json.loads(_s(redis.eval(probe, 0)))
     assert seen["ttl"] == {str(k): v for k, v in CHANNEL_TTL_MS.items()}
     assert tuple(seen["parts"]) == SESSION_PARTS
+    assert tuple(seen["shard"]) == SHARD_PARTS
     assert tuple(seen["limits"]) == LIMIT_FIELDS
     assert (seen["boot"], seen["boots"]) == (MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS)
     assert seen["code"] == {k.name: k.code for k in KINDS}

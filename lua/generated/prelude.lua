@@ -4,6 +4,8 @@
 local TTL_MS = { public = 1800000, im = 86400000 }
 -- parts of a session, in order (gridmem/keys.py)
 local SESSION_PARTS = { 'meta', 'turns', 'idem', 'summary', 'archive' }
+-- a shard script's shard KEYS, in order (gridmem/keys.py)
+local SHARD_PARTS = { 'lru_public', 'lru_im', 'sessions', 'seq', 'clock', 'events', 'stats' }
 -- record_turn's limits packet, in order (gridmem/config.py)
 local LIMIT_FIELDS = { 'max_turns', 'low_turns', 'max_session_bytes', 'low_session_bytes', 'max_tools', 'low_tools', 'max_summary_bytes', 'summary_line_bytes', 'max_sessions', 'max_aggregate_bytes', 'max_evictions', 'archive', 'max_archive_segments', 'max_archive_bytes', 'sweep_batch' }
 -- longest boot id (gridmem/clock.py)
