@@ -3,13 +3,16 @@
     python -m tests.crash_worker <redis url> <mode> <marker file>
 
 Modes (SIGKILL, as the OOM killer would; nothing is cleaned up):
-- llm: the model call for a text holding DEADLY kills the process, once two other
-  calls are in flight (or after half a second alone); other calls take half a second.
+- llm: the model call for a text holding DEADLY kills the process. In the worker's
+  first life it waits until two other calls are in flight, and those stay in flight
+  until it kills (the bystanders); in later lives it kills at once, and every other
+  call is answered at once. Nothing waits on time.
 - reject-before: the first rejection of an entry kills the process after the worker
   decided (its reason is written) and before the dead letter lands.
 - reject-after: the first rejection kills the process after the dead letter landed,
   before the entry is finished.
-The marker file makes the reject modes kill only once across restarts.
+The marker file makes the reject modes kill only once across restarts, and tells the
+llm mode's first life from the later ones.
 """
 
 from __future__ import annotations
@@ -38,24 +41,36 @@ def die() -> None:
 
 
 class DeadlyChat:
+    """The model: a text holding DEADLY kills the process.
+
+    In the worker's first life (no marker yet) the deadly call waits until two other
+    calls are in flight, and those wait with it: they are still in flight when it
+    kills, the bystanders whose attempts the crash charges. In later lives (the
+    deadly entry is then a suspect, run alone) it kills at once and every other call
+    is answered at once.
+    """
+
     name = "deadly"
 
-    def __init__(self) -> None:
-        self.others = 0
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+        self.first_life = not marker.exists()
+        self.in_flight = 0
+        self.changed = asyncio.Condition()
 
     async def complete(self, messages: list[Message]) -> str:
         last = [m["content"] for m in messages if m["role"] == "user"][-1]
         if "DEADLY" in last:
-            for _ in range(50):  # bounded: alone, it kills after half a second
-                if self.others >= 2:
-                    break
-                await asyncio.sleep(0.01)
+            if self.first_life:
+                async with self.changed:
+                    await self.changed.wait_for(lambda: self.in_flight >= 2)
+                self.marker.write_text("llm")
             die()
-        self.others += 1
-        try:
-            await asyncio.sleep(0.5)  # a model's thinking time
-        finally:
-            self.others -= 1
+        if self.first_life:  # a bystander: in flight until the deadly call kills us all
+            async with self.changed:
+                self.in_flight += 1
+                self.changed.notify_all()
+            await asyncio.get_running_loop().create_future()  # never done: SIGKILL ends it
         return f"answered: {last}"
 
     async def aclose(self) -> None:
@@ -78,7 +93,7 @@ async def main(url: str, mode: str, marker: Path) -> None:
         data["worker"] = {**SETTINGS["worker"], "max_attempts": 1}
     settings = Settings.model_validate(data)
     store = AsyncConversationStore(connect_async(url), settings.conversation, clock=ManualClock())
-    chat: ChatClient = DeadlyChat() if mode == "llm" else PlainChat()
+    chat: ChatClient = DeadlyChat(marker) if mode == "llm" else PlainChat()
     worker = Worker(store, chat, settings)
     if mode.startswith("reject"):
         _arm(worker, mode, marker)

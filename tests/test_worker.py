@@ -3,7 +3,9 @@
 tests/test_service.py runs `gridmem serve` in real processes; here a Worker runs
 on this test's event loop, against fakeredis and the real servers, so a fault
 can be injected at any step of answering an entry and the outcome read back
-from the streams. Each test waits on the streams with a deadline, never on time.
+from the streams. Each test waits for the worker to send something (every write
+of its goes through its executor), then reads the streams again, with a deadline;
+never on time.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class Run:
     settings: Settings
     replies: dict[str, dict[str, str]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # in_reply_to, in outbound order
+    # set each time the worker's executor has answered a call: it may have written
+    sent: asyncio.Event = field(default_factory=asyncio.Event)
     _cursor: str = "0-0"
 
     async def send(
@@ -103,15 +107,33 @@ class Run:
             self.order.append(reply["in_reply_to"])
 
     async def until(self, check: Callable[[], Awaitable[bool]], what: str) -> None:
-        """Poll the streams until `check` holds, failing at the deadline."""
+        """Read the streams until `check` holds: again each time the worker has sent a
+        command (it may have written what `check` looks for), failing at the deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DEADLINE
         while True:
+            self.sent.clear()  # before reading: a write that lands meanwhile sets it again
             await self.read_outbound()
             if await check():
                 return
-            assert loop.time() < deadline, f"timed out waiting for {what}"
-            await asyncio.sleep(0.01)  # lets the worker run; the check decides, not the time
+            try:
+                await asyncio.wait_for(self.sent.wait(), deadline - loop.time())
+            except TimeoutError:
+                raise AssertionError(f"timed out waiting for {what}") from None
+
+    def watch(self) -> None:
+        """Set `sent` whenever the worker's executor has answered a call or a command."""
+        executor = self.store.executor
+        for name in ("call", "command"):
+            send = getattr(executor, name)
+
+            async def sending(*args: Any, _send: Any = send) -> Any:
+                try:
+                    return await _send(*args)
+                finally:
+                    self.sent.set()
+
+            setattr(executor, name, sending)
 
     async def answered(self, *ids: str) -> None:
         async def done() -> bool:
@@ -140,6 +162,7 @@ async def running(
     store = AsyncConversationStore(new_client(), settings.conversation, clock=ManualClock())
     chat = chat or ScriptedChat()
     run = Run(client, store, Worker(store, chat, settings, name="w-test"), chat, settings)
+    run.watch()
     task = asyncio.create_task(run.worker.run())
     try:
         yield run
