@@ -77,7 +77,8 @@ _KEY_TEMPLATE = re.compile(r"[A-Za-z0-9_\-:{}<>]+")
 
 
 def _published(name: str, value: int | str) -> tuple[str, int | str]:
-    """One field of a shard's limits hash, checked as publish_limits.lua checked it."""
+    """One field of a shard's limits hash, checked: a lowercase name; a key name or template
+    for a key_<name> field, else an integer >= 0."""
     matching("limit", name, _LIMIT_NAME)
     if name.startswith(TEMPLATE_FIELD):
         return name, matching(name, value, _KEY_TEMPLATE)
@@ -96,12 +97,12 @@ def shard_script_keys(shard: ShardKeys, session: SessionKeys | None = None) -> t
     restore_session, sweep_idle, delete_session): the session's keys first where it has
     one (SESSION_PARTS order), then the shard's (SHARD_PARTS order). lib.lua's
     shard_script_keys reads them back by name."""
-    own = session.all() if session is not None else ()
-    return (*own, *_SHARD_PARTS(shard))
+    parts: tuple[str, ...] = _SHARD_PARTS(shard)
+    return parts if session is None else session.all() + parts
 
 
 class SessionCalls(ScriptCalls):
-    """One typed method per session script. Holds the sources; never a connection."""
+    """One typed method per session operation. Holds the scripts' sources; never a connection."""
 
     def record_turn(
         self,

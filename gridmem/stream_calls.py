@@ -44,7 +44,8 @@ def _created(reply: Any) -> bool:
 
 
 class StreamCalls(ScriptCalls):
-    """One typed method per service stream operation."""
+    """One typed method per service stream operation. Holds the scripts' sources; never a
+    connection."""
 
     def ensure_group(self, service: ServiceKeys, *, group: str) -> CommandCall[bool]:
         """Create the workers' consumer group on the inbound stream (and the stream)
