@@ -53,6 +53,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "finish_entry",
     "renew_lease",
     "orphaned_keys",
+    "read_inbound",
     "read_backlog",
 )
 

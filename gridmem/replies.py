@@ -264,13 +264,11 @@ def _parse_attempt(raw: Sequence[Any]) -> AttemptCount:
     return AttemptCount(values[0])
 
 
-def _parse_raw_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
-    """The fields of the one entry of an XRANGE reply ([] if it is gone), as the bytes
-    Redis holds: the caller decodes each strictly, since the bridge may write anything
-    and one undecodable byte must not fail the whole read."""
-    if not raw:
-        return []
-    return [(_raw(name), _raw(value)) for name, value in _pairs(raw[0][1])]
+def _parse_flat_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+    """An entry's fields as read_inbound.lua returns them (field, value, ...; [] if it
+    is gone), as the bytes Redis holds: the caller decodes each strictly, since the
+    bridge may write anything and one undecodable byte must not fail the whole read."""
+    return [(_raw(name), _raw(value)) for name, value in zip(raw[0::2], raw[1::2], strict=True)]
 
 
 def _raw(value: Any) -> bytes:

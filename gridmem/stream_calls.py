@@ -28,7 +28,7 @@ from gridmem.replies import (
     ScriptCalls,
     TakenEntry,
     _parse_attempt,
-    _parse_raw_fields,
+    _parse_flat_fields,
     _parse_step,
     _parse_taken,
     _parse_texts,
@@ -133,10 +133,13 @@ class StreamCalls(ScriptCalls):
 
     def read_inbound(
         self, service: ServiceKeys, *, entry_id: str
-    ) -> CommandCall[list[tuple[bytes, bytes]]]:
-        """The fields of one inbound entry as stored (undecoded bytes), [] if it is gone."""
+    ) -> ScriptCall[list[tuple[bytes, bytes]]]:
+        """The fields of one inbound entry as stored (undecoded bytes, every pair, a
+        field named twice included), [] if it is gone. A script, not a plain XRANGE:
+        the clients' XRANGE reply parsers fold a repeated field name into its last
+        value, and the worker must see every value to decode each strictly."""
         entry = matching("entry_id", entry_id, ENTRY_ID)
-        return CommandCall((("XRANGE", service.inbound, entry, entry),), _parse_raw_fields)
+        return self._call("read_inbound", (service.inbound,), (entry,), _parse_flat_fields)
 
     def read_backlog(self, service: ServiceKeys) -> ScriptCall[int]:
         return self._call("read_backlog", (service.inbound,), (), int)

@@ -24,7 +24,7 @@ def dump_all(client: object) -> str:
     """Every key and every value in the server, as one text to search."""
     c: Any = client
     out = []
-    for raw_key in c.keys("*"):
+    for raw_key in sorted(c.keys("*")):  # KEYS order may change between two calls
         key = _s(raw_key)
         kind = _s(c.type(raw_key))
         out.append(key)

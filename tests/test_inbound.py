@@ -95,6 +95,9 @@ def test_decode_gives_text_fields() -> None:
         ([(b"\xfftext", b"hi"), (b"channel", b"im")], "bad_encoding"),  # a field's name
         (_raw(avatar_uuid=U, channel="im", text="x" * 101), "oversized"),
         (_raw(avatar_uuid=U, channel="im", text="hi", avatar_name=b"\xff" * 101), "oversized"),
+        # a field named twice: the bad value before the good one is still seen
+        ([(b"text", b"\xff"), *_raw(avatar_uuid=U, channel="im", text="hi")], "bad_encoding"),
+        ([(b"text", b"x" * 101), *_raw(avatar_uuid=U, channel="im", text="hi")], "oversized"),
     ],
 )
 def test_decode_rejections(raw: list[tuple[bytes, bytes]], reason: str) -> None:

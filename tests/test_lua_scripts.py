@@ -330,6 +330,7 @@ def _wrapper_calls() -> dict[str, Any]:
         ),
         "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),
+        "read_inbound": s.read_inbound(SERVICE, entry_id="1-0"),
         "read_backlog": s.read_backlog(SERVICE),
     }  # fmt: skip
 

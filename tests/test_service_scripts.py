@@ -319,6 +319,21 @@ def test_read_inbound_returns_undecodable_bytes_as_they_are(
     )
 
 
+def test_read_inbound_returns_a_field_named_twice_with_both_values(
+    run: Any, redis: redis_py.Redis
+) -> None:
+    """Regression: as a plain XRANGE, redis-py's reply parser kept only the last value of
+    a field named twice, so a bad value hidden behind a good one was never checked."""
+    entry = redis.execute_command(
+        "XADD", SERVICE.inbound, "*", "avatar_uuid", A, "channel", "im",
+        "text", b"\xff bad", "text", "fine",
+    ).decode()  # fmt: skip
+    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry))[2:] == [
+        (b"text", b"\xff bad"),
+        (b"text", b"fine"),
+    ]
+
+
 def test_take_files_nothing_for_undecodable_uuid_or_channel(
     run: Any, redis: redis_py.Redis
 ) -> None:
