@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import threading
 import uuid as uuid_mod
 from typing import Any
 
@@ -83,3 +86,34 @@ def recompute(client: object, namespace: str = "gm", shard: int = 0) -> dict[str
         "stats_bytes": int(_s(c.hget(prefix + "stats", "bytes") or b"0")),
         "events": c.xlen(prefix + "events") if c.exists(prefix + "events") else 0,
     }
+
+
+class OutputLines:
+    """A child process's stdout, line by line, read in a thread so a test can wait for
+    the next line with a deadline instead of blocking on the pipe for ever."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+
+    def next(self, timeout: float) -> str | None:
+        """The next line, or None if none came within `timeout` seconds."""
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def finish(self, timeout: float) -> list[str]:
+        """After the process ended: the lines not taken yet, the pipe read to its end."""
+        self._reader.join(timeout=timeout)
+        rest = []
+        while not self._lines.empty():
+            rest.append(self._lines.get())
+        return rest

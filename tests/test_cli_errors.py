@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +27,7 @@ from gridmem.config import Settings, endpoints, redacted_url, unknown_environmen
 from gridmem.embedded import EmbeddedValkey, cli_binary
 from gridmem.errors import ConfigError
 from tests.conftest import short_tempdir
+from tests.helpers import OutputLines
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "bin" / "gridmem-cli"
@@ -367,21 +366,13 @@ class Serving:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         self.seen: list[str] = []
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._lines.put(line)
+        self._output = OutputLines(self.process)
 
     def line_with(self, words: str) -> str:
         while True:
-            try:
-                line = self._lines.get(timeout=DEADLINE)
-            except queue.Empty:
-                raise AssertionError(f"no '{words}' line: {''.join(self.seen)}") from None
+            line = self._output.next(DEADLINE)
+            if line is None:
+                raise AssertionError(f"no '{words}' line: {''.join(self.seen)}")
             self.seen.append(line)
             if words in line:
                 return line
@@ -390,11 +381,9 @@ class Serving:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGINT)
         self.process.wait(timeout=DEADLINE)
-        self._reader.join(timeout=DEADLINE)  # it read to the end: the pipe can close
+        self.seen += self._output.finish(DEADLINE)  # it read to the end: the pipe can close
         assert self.process.stdout is not None
         self.process.stdout.close()
-        while not self._lines.empty():
-            self.seen.append(self._lines.get())
 
 
 @pytest.mark.slow

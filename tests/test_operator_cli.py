@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import subprocess
-import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,7 +23,7 @@ from gridmem import (
 )
 from gridmem.embedded import EmbeddedValkey, cli_binary
 from tests.conftest import short_tempdir
-from tests.helpers import avatar
+from tests.helpers import OutputLines, avatar
 
 pytestmark = pytest.mark.real
 
@@ -142,28 +140,21 @@ class Follower:
             [str(CLI), "-s", str(server.socket_path), "events", "--follow", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._lines.put(line)
+        self._output = OutputLines(self.process)
 
     def line(self, timeout: float = 30.0) -> str:
         """The next line printed; the follower polls once a second, so 30 s is ample."""
-        try:
-            return self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"events --follow printed nothing within {timeout} s") from None
+        line = self._output.next(timeout)
+        if line is None:
+            raise AssertionError(f"events --follow printed nothing within {timeout} s")
+        return line
 
     def stop(self) -> str:
         """Stop it as Ctrl-C would; it must still have been running. Returns its stderr."""
         assert self.process.poll() is None, "events --follow exited on its own"
         self.process.terminate()
         self.process.wait(timeout=30)
-        self._reader.join(timeout=30)
+        self._output.finish(30)
         assert self.process.stderr is not None and self.process.stdout is not None
         errors = self.process.stderr.read()
         self.process.stderr.close()

@@ -598,6 +598,19 @@ def test_stray_entries_never_stop_flush_or_restore(
     assert snapdir.stat().st_mode & 0o777 == 0o700
 
 
+def _stray(path: Path, kind: str, target: Path) -> None:
+    """Put at `path` what a snapshot directory may hold by accident: a regular file of
+    junk, a symbolic link to `target`, a fifo (opening it would block) or a directory."""
+    if kind == "file":
+        path.write_text("stray")
+    elif kind == "link":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
 @pytest.mark.skipif(os.name != "posix", reason="links")
 def test_flush_never_takes_a_name_a_stray_entry_holds(
     make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path
@@ -614,7 +627,7 @@ def test_flush_never_takes_a_name_a_stray_entry_holds(
 
 
 @pytest.mark.skipif(os.name != "posix", reason="links")
-@pytest.mark.parametrize("kind", ["file", "link to a directory", "fifo"])
+@pytest.mark.parametrize("kind", ["file", "link", "fifo"])  # the link: to a directory
 def test_a_quarantine_that_is_no_directory_never_stops_older_generations(
     make: Callable[..., ConversationStore], snapdir: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -626,13 +639,7 @@ def test_a_quarantine_that_is_no_directory_never_stops_older_generations(
     store.record(B, "im", AvatarMessage(text="newer"))
     newest = store.flush().path  # type: ignore[union-attr]
     newest.write_bytes(newest.read_bytes()[:-1] + b"?")  # payload damage
-    quarantine = snapdir / "quarantine"
-    if kind == "file":
-        quarantine.write_text("stray")
-    elif kind == "fifo":
-        os.mkfifo(quarantine)
-    else:
-        quarantine.symlink_to(outside)
+    _stray(snapdir / "quarantine", kind, outside)
     store.redis.flushall()
     report = store.restore()
     assert report.error is None and report.generation == 1
@@ -676,14 +683,8 @@ def test_a_key_that_is_no_regular_file_is_an_error_not_a_hang(
     store = make()
     store.record(A, "im", AvatarMessage(text="x"))
     store.flush()
-    key = snapdir / "snapshot.key"
-    key.unlink()
-    if kind == "link":
-        key.symlink_to(target)
-    elif kind == "fifo":
-        os.mkfifo(key)
-    else:
-        key.mkdir()
+    (snapdir / "snapshot.key").unlink()
+    _stray(snapdir / "snapshot.key", kind, target)
     store.redis.flushall()
     report = store.restore()
     assert report.error is not None and report.error.startswith("SnapshotError")
