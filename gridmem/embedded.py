@@ -17,8 +17,10 @@ import contextlib
 import fcntl
 import logging
 import os
+import random
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -193,6 +195,11 @@ class EmbeddedValkey:
         except subprocess.TimeoutExpired:
             return None
 
+    def terminate(self) -> None:
+        """Ask the server to exit (SIGTERM) without waiting; stop() then waits."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+
     def stop(self, timeout: float = 10.0) -> None:
         process, self._process = self._process, None
         if process is None:
@@ -205,6 +212,197 @@ class EmbeddedValkey:
             process.wait()
 
     def __enter__(self) -> EmbeddedValkey:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+# -- a cluster of private servers (the tests, bench/cluster.py) ---------------------------
+
+CLUSTER_BUS_OFFSET = 10_000  # a cluster node also listens on its port + 10,000 (the bus)
+# Client ports are drawn from here, so that each port's bus port is a valid one too.
+CLUSTER_PORTS = range(20_000, 30_000)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_cluster_ports(count: int, rng: random.Random) -> list[int]:
+    """`count` loopback ports that are free with their bus ports (another process may
+    take one before the node binds it: EmbeddedCluster.start tries again then)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.choice(CLUSTER_PORTS)
+        if port in ports or not (_port_free(port) and _port_free(port + CLUSTER_BUS_OFFSET)):
+            continue
+        ports.append(port)
+    return ports
+
+
+class EmbeddedCluster:
+    """A real Valkey Cluster on loopback ports: `masters` primaries with `replicas`
+    replicas each (3 and 1: six nodes), formed by `valkey-cli --cluster create`.
+
+    Each node is an EmbeddedValkey (its own directory, a Unix socket too) with
+    cluster mode on. `node_timeout_ms` is how long a silent primary has before its
+    replica takes over: short, so a failover test does not wait long.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 2_000,
+        binary: str | None = None,
+    ) -> None:
+        if masters < 3:
+            raise ValueError("a Redis/Valkey cluster needs at least 3 primaries")
+        self.directory = Path(directory).absolute()
+        self.masters = masters
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self._binary = binary
+        self.nodes: list[EmbeddedValkey] = []
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """A URL of one node: a cluster client discovers the others from it."""
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    def client(self, **kwargs: Any) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.ports[0], **kwargs)
+
+    def node_client(self, port: int, **kwargs: Any) -> redis.Redis:
+        """A plain client of one node (CLUSTER commands, INFO, a failover)."""
+        return redis.Redis(host="127.0.0.1", port=port, **kwargs)
+
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> EmbeddedCluster:
+        rng = random.Random()
+        for attempt in range(attempts):
+            try:
+                self._start_nodes(_free_cluster_ports(self.masters * (1 + self.replicas), rng))
+                self._create(timeout)
+                self.wait_healthy(timeout)
+                return self
+            except EmbeddedServerError:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+        return self  # not reached: the last attempt returned or raised
+
+    def _start_nodes(self, ports: list[int]) -> None:
+        for index, port in enumerate(ports):
+            node = EmbeddedValkey(
+                self.directory / f"node{index}",
+                port=port,
+                binary=self._binary,
+                extra_config={
+                    "cluster-enabled": "yes",
+                    "cluster-config-file": "nodes.conf",
+                    "cluster-node-timeout": str(self.node_timeout_ms),
+                },
+            )
+            # a node left by an earlier attempt: its nodes.conf would make it refuse to join
+            with contextlib.suppress(FileNotFoundError):
+                (node.directory / "nodes.conf").unlink()
+            self.nodes.append(node)
+            node.start()
+
+    def _create(self, timeout: float) -> None:
+        addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        created = subprocess.run(
+            [
+                cli_binary(),
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-yes",
+                "--cluster-replicas",
+                str(self.replicas),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if created.returncode != 0:
+            raise EmbeddedServerError(
+                f"valkey-cli --cluster create failed ({created.returncode}): "
+                f"{created.stdout[-500:]}{created.stderr[-500:]}"
+            )
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Wait until every running node says cluster_state:ok and knows of `masters`
+        primaries that hold all 16,384 slots between them."""
+        deadline = time.monotonic() + timeout
+        while not all(self._node_healthy(node) for node in self.nodes if node.returncode is None):
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(f"the cluster in {self.directory} is not healthy")
+            time.sleep(0.05)  # polling child processes for readiness, with a deadline
+
+    def _node_healthy(self, node: EmbeddedValkey) -> bool:
+        try:
+            fields = self._ask(node, "CLUSTER", "INFO").decode()
+        except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+            return False
+        info = dict(line.split(":", 1) for line in fields.splitlines() if ":" in line)
+        return (
+            info.get("cluster_state") == "ok"
+            and info.get("cluster_slots_ok") == "16384"
+            and info.get("cluster_size") == str(self.masters)
+        )
+
+    def primaries(self) -> list[int]:
+        """The ports of the nodes that are primaries now (they change at a failover)."""
+        return [node.port for node in self._running() if self._ask(node, "ROLE")[0] == b"master"]
+
+    def replicas_of(self, primary_port: int) -> list[int]:
+        """The ports of the running nodes that replicate `primary_port` now."""
+        replicas = []
+        for node in self._running():
+            role = self._ask(node, "ROLE")
+            if role[0] == b"slave" and int(role[2]) == primary_port:
+                replicas.append(node.port)
+        return replicas
+
+    def _running(self) -> list[EmbeddedValkey]:
+        return [node for node in self.nodes if node.returncode is None]
+
+    @staticmethod
+    def _ask(node: EmbeddedValkey, *command: str) -> Any:
+        probe = node.client(socket_timeout=2)
+        try:
+            client: Any = probe  # redis-py leaves execute_command untyped
+            return client.execute_command(*command)
+        finally:
+            probe.close()
+
+    def stop(self) -> None:
+        for node in self.nodes:  # all at once: each takes a moment to shut down
+            node.terminate()
+        for node in self.nodes:
+            node.stop()
+        self.nodes = []
+
+    def __enter__(self) -> EmbeddedCluster:
         return self.start()
 
     def __exit__(
