@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import redis
 from redis.backoff import NoBackoff
@@ -81,7 +81,28 @@ TUNING: dict[str, str] = {
 }
 
 
-class EmbeddedValkey:
+class _Started:
+    """`with server:` starts it and stops it (EmbeddedValkey, EmbeddedCluster)."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EmbeddedValkey(_Started):
     """Start, reach and stop one private server. Usable as a context manager."""
 
     def __init__(
@@ -117,7 +138,7 @@ class EmbeddedValkey:
             unix_socket_path=str(self.socket_path), retry=Retry(NoBackoff(), 0), **kwargs
         )
 
-    def start(self, timeout: float = 10.0) -> EmbeddedValkey:
+    def start(self, timeout: float = 10.0) -> Self:
         if len(str(self.socket_path)) > 100:  # sun_path holds 104-108 bytes, by platform
             raise SocketPathTooLong(
                 f"socket path {self.socket_path} is too long for a Unix socket; "
@@ -211,17 +232,6 @@ class EmbeddedValkey:
             process.kill()
             process.wait()
 
-    def __enter__(self) -> EmbeddedValkey:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 # -- a cluster of private servers (the tests, bench/cluster.py) ---------------------------
 
@@ -251,7 +261,7 @@ def _free_cluster_ports(count: int, rng: random.Random) -> list[int]:
     return ports
 
 
-class EmbeddedCluster:
+class EmbeddedCluster(_Started):
     """A real Valkey Cluster on loopback ports: `masters` primaries with `replicas`
     replicas each (3 and 1: six nodes), formed by `valkey-cli --cluster create`.
 
@@ -294,7 +304,7 @@ class EmbeddedCluster:
         """A plain client of one node (CLUSTER commands, INFO, a failover)."""
         return redis.Redis(host="127.0.0.1", port=port, **kwargs)
 
-    def start(self, timeout: float = 30.0, attempts: int = 3) -> EmbeddedCluster:
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> Self:
         rng = random.Random()
         for attempt in range(attempts):
             try:
@@ -401,17 +411,6 @@ class EmbeddedCluster:
         for node in self.nodes:
             node.stop()
         self.nodes = []
-
-    def __enter__(self) -> EmbeddedCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- one server shared by the local processes of a storage_path -------------------------
