@@ -36,6 +36,7 @@ from redis.retry import Retry
 
 from gridmem.config import Settings
 from gridmem.errors import ConfigError, GridmemError
+from gridmem.executor import Executor
 
 if TYPE_CHECKING:
     from gridmem.backlog import SaveReport
@@ -398,10 +399,9 @@ class EmbeddedCluster(_Started):
 
     @staticmethod
     def _ask(node: EmbeddedValkey, *command: str) -> Any:
-        probe = node.client(socket_timeout=2)
+        probe = Executor(node.client(socket_timeout=2))
         try:
-            client: Any = probe  # redis-py leaves execute_command untyped
-            return client.execute_command(*command)
+            return probe.command(*command)
         finally:
             probe.close()
 
