@@ -26,6 +26,7 @@ from tests.helpers import avatar
 pytestmark = pytest.mark.real
 
 SERVICE = KeySpace("gm", 1).service()
+SERVICES = (SERVICE,)
 PASSWORD = "password=Hunter2Hunter2Zq9"
 API_KEY = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2
 MAX = Limits().max_input_bytes
@@ -73,11 +74,11 @@ def _saved(client: redis_py.Redis, tmp_path: Path) -> tuple[SnapshotDirectory, P
 
 
 def _save(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.SaveReport:
-    return backlog.save(Executor(client), directory, SERVICE, created_ms=1)
+    return backlog.save(Executor(client), directory, SERVICES, created_ms=1)
 
 
 def _restore(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.RestoreReport:
-    return backlog.restore(Executor(client), directory, SERVICE, max_value_bytes=MAX, now_ms=7)
+    return backlog.restore(Executor(client), directory, SERVICES, max_value_bytes=MAX, now_ms=7)
 
 
 def _ids(client: redis_py.Redis, key: str) -> list[str]:
@@ -266,9 +267,9 @@ def test_a_post_during_the_last_save_is_saved_or_refused_never_lost(
         connection = bridge.connection_pool.get_connection()
         read_outbound = backlog._outbound
 
-        def a_bridge_posts_meanwhile(executor: Executor, key: str) -> list[tuple[Any, Any]]:
+        def a_bridge_posts_meanwhile(executor: Executor, key: str, most: int) -> Any:
             connection.send_command("XADD", SERVICE.inbound, "*", *sum(fields.items(), ()))
-            return read_outbound(executor, key)
+            return read_outbound(executor, key, most)
 
         monkeypatch.setattr(backlog, "_outbound", a_bridge_posts_meanwhile)
         final_flush(settings, server.url)

@@ -1,0 +1,281 @@
+"""Partitioned service streams (issue 15): the documented partition of an avatar, each
+partition's keys in one cluster slot, and a worker answering every partition.
+
+The expected partition is computed here from the formula docs/streams.md gives
+(zlib.crc32 of the lowercase UUID), and the expected slot with redis-py's own
+cluster hashing (redis.crc.key_slot, what CLUSTER KEYSLOT answers), never from
+the code under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from gridmem import ConversationConfig, partition_of, service_streams
+from gridmem.clock import ManualClock
+from gridmem.config import Settings
+from gridmem.errors import InvalidAvatarId
+from gridmem.keys import KeySpace, ServiceKeys
+from gridmem.partitions import CLUSTER_SLOTS, partition_tags
+from gridmem.store import AsyncConversationStore
+from tests.helpers import avatar
+from tests.test_worker import DEADLINE, go, new_client
+from worker.llm import Message
+
+__all__ = ["new_client"]  # the fixture, used by the worker test below
+
+DOC_EXAMPLE = "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90"  # docs/streams.md's worked example
+
+
+def expected_partition(uuid: str, partitions: int) -> int:
+    return zlib.crc32(uuid.lower().encode("utf-8")) % partitions
+
+
+def test_the_partition_is_the_documented_crc32_of_the_lowercase_uuid() -> None:
+    assert zlib.crc32(DOC_EXAMPLE.encode()) == 4213392405  # the number docs/streams.md shows
+    assert partition_of(DOC_EXAMPLE, 4) == 1 == partition_of(DOC_EXAMPLE.upper(), 4)
+    for n in range(200):
+        for partitions in (1, 2, 3, 4, 16, 256):
+            uuid = avatar(n)
+            assert partition_of(uuid, partitions) == expected_partition(uuid, partitions)
+    assert {partition_of(avatar(n), 4) for n in range(40)} == {0, 1, 2, 3}
+    with pytest.raises(InvalidAvatarId):
+        partition_of("not-a-uuid", 4)
+    with pytest.raises(ValueError, match="partitions"):
+        partition_of(DOC_EXAMPLE, 0)
+
+
+def test_one_partition_keeps_every_name_bridges_use() -> None:
+    [keys] = service_streams("gm", 1)
+    assert (keys.inbound, keys.outbound, keys.dead) == ("gm:inbound", "gm:outbound", "gm:dead")
+    assert (keys.ready, keys.attempts, keys.rejected) == (
+        "{gm:inbound}:ready",
+        "{gm:inbound}:attempts",
+        "{gm:inbound}:rejected",
+    )
+    assert ConversationConfig().partitions == 1
+
+
+@pytest.mark.parametrize("partitions", [2, 3, 4, 16, 256])
+def test_each_partition_is_one_slot_and_the_partitions_spread_over_the_slots(
+    partitions: int,
+) -> None:
+    services = service_streams("gm", partitions)
+    slots = []
+    for p, keys in enumerate(services):
+        names = [keys.inbound, keys.outbound, keys.dead, keys.ready, keys.attempts, keys.rejected]
+        # mailboxes and leases are named in Lua from the ready set's prefix (lib.lua)
+        prefix = keys.ready.removesuffix("ready")
+        names += [f"{prefix}mbox:{avatar(1)}:im", f"{prefix}owner:{avatar(1)}:im"]
+        assert all(name.startswith("gm:{") for name in names)  # an ACL of ~gm:* covers them
+        [slot] = {key_slot(name.encode()) for name in names}
+        # partition p sits in the p-th equal share of the slots
+        assert p * CLUSTER_SLOTS // partitions <= slot < (p + 1) * CLUSTER_SLOTS // partitions + 1
+        slots.append(slot)
+    assert slots == sorted(slots) and len(set(slots)) == partitions
+    # on the three masters valkey-cli --cluster create makes, each gets its share (+-1)
+    masters = [sum(1 for s in slots if lo <= s <= hi) for lo, hi in THREE_MASTERS]
+    assert max(masters) - min(masters) <= 1, masters
+
+
+THREE_MASTERS = [(0, 5460), (5461, 10922), (10923, 16383)]
+
+
+def test_the_stream_contract_names_the_keys_of_four_partitions() -> None:
+    """docs/streams.md's table for P = 4 is what the service uses: tags, slots, names."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "streams.md").read_text()
+    rows = re.findall(
+        r"^\| (\d) \| `(p[\d.]+)` \((\d+)\) \| `(\S+)` \| `(\S+)` \| `(\S+)` \|$",
+        doc,
+        re.MULTILINE,
+    )
+    assert rows == [
+        (str(k.partition), tag, str(key_slot(k.inbound.encode())), k.inbound, k.outbound, k.dead)
+        for k, tag in zip(service_streams("gm", 4), partition_tags(4), strict=True)
+    ]
+
+
+class HeldChat:
+    """Answers "re: <text>" once `release` is set, keeping every request whole; holds
+    each call until then, so the test can look at the queue's keys mid-run."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.requests: list[list[Message]] = []
+        self.release = asyncio.Event()
+        self.changed = asyncio.Condition()
+
+    async def complete(self, messages: list[Message]) -> str:
+        async with self.changed:
+            self.requests.append(messages)
+            self.changed.notify_all()
+        await self.release.wait()
+        return "re: " + [m["content"] for m in messages if m["role"] == "user"][-1]
+
+    async def aclose(self) -> None:
+        return None
+
+
+PARTITIONS = 4
+
+
+def watch(store: AsyncConversationStore) -> asyncio.Event:
+    """An event set each time the store's executor has answered a call or a command."""
+    answered = asyncio.Event()
+    executor: Any = store.executor
+    for name in ("call", "command"):
+        send = getattr(executor, name)
+
+        async def sending(*args: Any, _send: Any = send) -> Any:
+            try:
+                return await _send(*args)
+            finally:
+                answered.set()
+
+        setattr(executor, name, sending)
+    return answered
+
+
+Sent = dict[tuple[str, str], list[str]]  # (avatar UUID, channel) -> entry IDs, as posted
+
+
+def message(who: int, channel: str, n: int) -> dict[str, str]:
+    return {"avatar_uuid": avatar(who), "channel": channel, "text": f"{who}/{channel}/{n}"}
+
+
+def check_answers(sent: Sent, replies: dict[int, list[dict[str, str]]], partitions: int) -> None:
+    """Each message answered once; a key's replies in the order posted, on the outbound
+    stream of the avatar's partition (`replies`: partition -> its outbound entries)."""
+    in_reply_to = [r["in_reply_to"] for rs in replies.values() for r in rs]
+    assert sorted(in_reply_to) == sorted(e for ids in sent.values() for e in ids)
+    for p, rs in replies.items():
+        assert all(expected_partition(r["avatar_uuid"], partitions) == p for r in rs)
+    for (uuid, channel), ids in sent.items():
+        mine = replies[expected_partition(uuid, partitions)]
+        order = [
+            r["in_reply_to"] for r in mine if (r["avatar_uuid"], r["channel"]) == (uuid, channel)
+        ]
+        assert order == ids, (uuid, channel)
+
+
+def check_requests_hold_one_key(requests: list[list[dict[str, Any]]]) -> None:
+    """The wire check: every text in a request to the model is of one (avatar, channel)
+    (message() texts are `<who>/<channel>/<n>`, replies quote them)."""
+    for request in requests:
+        said = {
+            m["content"].removeprefix("re: ").rsplit("/", 1)[0]
+            for m in request
+            if m["role"] in ("user", "assistant")
+        }
+        assert len(said) == 1, said
+
+
+async def post(client: Any, services: tuple[ServiceKeys, ...]) -> Sent:
+    sent: Sent = {}
+    for n in range(3):
+        for who in range(16):
+            for channel in ("public", "im"):
+                fields = message(who, channel, n)
+                keys = services[expected_partition(avatar(who), PARTITIONS)]
+                entry = (await client.xadd(keys.inbound, fields)).decode()
+                sent.setdefault((avatar(who), channel), []).append(entry)
+    assert {expected_partition(u, PARTITIONS) for u, _ in sent} == set(range(PARTITIONS))
+    return sent
+
+
+async def keys_in_their_slots(client: Any, services: tuple[ServiceKeys, ...]) -> None:
+    shard = KeySpace().prefix(0)  # the sessions' keys, not the queue's
+    names = [k.decode() for k in await client.keys("gm:{*")]
+    names = [name for name in names if not name.startswith(shard)]
+    assert any(":mbox:" in k for k in names) and any(":owner:" in k for k in names)
+    slots = {key_slot(keys.inbound.encode()): keys for keys in services}
+    for name in names:
+        keys = slots[key_slot(name.encode())]  # in some partition's slot...
+        assert name.startswith(keys.ready.removesuffix("ready"))  # ...under its tag
+
+
+async def replies(
+    client: Any, services: tuple[ServiceKeys, ...], expected: int, written: asyncio.Event
+) -> dict[int, Any]:
+    """Every partition's outbound entries, read again each time the worker has
+    written something, until `expected` are there (or the deadline)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE
+    while True:
+        written.clear()  # before reading: a write meanwhile sets it again
+        found = {}
+        for keys in services:
+            rows = await client.xrange(keys.outbound)
+            found[keys.partition] = [
+                {k.decode(): v.decode() for k, v in f.items()} for _, f in rows
+            ]
+        if sum(len(r) for r in found.values()) >= expected:
+            return found
+        await asyncio.wait_for(written.wait(), deadline - loop.time())
+
+
+def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition(
+    new_client: Callable[[], Any],
+) -> None:
+    """Every worker consumes every partition: messages of many avatars on both channels
+    are each answered once, per key in the order posted, the reply on the outbound
+    stream of the avatar's partition; while they wait, each partition's keys sit in its
+    slot. An entry posted to another partition's stream is dead-lettered there."""
+    from worker.service import Worker
+
+    services = service_streams("gm", PARTITIONS)
+
+    async def scenario() -> None:
+        settings = Settings(
+            worker={"concurrency": 4},
+            conversation={"partitions": PARTITIONS, "limits": {"max_text_bytes": 2000}},
+        )
+        client = new_client()
+        store = AsyncConversationStore(new_client(), settings.conversation, clock=ManualClock())
+        chat = HeldChat()
+        worker = Worker(store, chat, settings, name="w-test")
+        written = watch(store)
+        task = asyncio.create_task(worker.run())
+        try:
+            # Given 16 avatars x 2 channels x 3 messages, each on its avatar's partition,
+            sent = await post(client, services)
+            # and one posted to a partition its avatar is not in
+            stray_uuid = avatar(1)
+            wrong = services[(expected_partition(stray_uuid, PARTITIONS) + 1) % PARTITIONS]
+            fields = {"avatar_uuid": stray_uuid, "channel": "im", "text": "stray"}
+            stray = (await client.xadd(wrong.inbound, fields)).decode()
+            # When the model is asked (and holds): the queue's keys are in their slots
+            async with chat.changed:
+                held = chat.changed.wait_for(lambda: len(chat.requests) >= 4)
+                await asyncio.wait_for(held, DEADLINE)
+            await keys_in_their_slots(client, services)
+            chat.release.set()
+            # Then every message is answered once, per key in order, on its partition
+            expected = sum(len(ids) for ids in sent.values())
+            check_answers(sent, await replies(client, services, expected, written), PARTITIONS)
+            check_requests_hold_one_key(chat.requests)  # type: ignore[arg-type]
+            assert len(chat.requests) == expected  # the stray one never reached the model
+            dead = [
+                {k.decode(): v.decode() for k, v in f.items()}
+                for _, f in await client.xrange(wrong.dead)
+            ]
+            assert dead == [{"id": stray, "reason": "wrong_partition"}]
+            for keys in services:
+                assert await client.xlen(keys.inbound) == 0  # answered entries are deleted
+        finally:
+            chat.release.set()
+            worker.stop()
+            await asyncio.wait_for(task, DEADLINE)
+            await store.aclose()
+            await client.aclose()
+
+    go(scenario())
