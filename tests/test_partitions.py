@@ -10,12 +10,17 @@ the code under test.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import re
+import sys
+import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import fakeredis
 import pytest
 from redis.crc import key_slot
 
@@ -279,3 +284,63 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
             await client.aclose()
 
     go(scenario())
+
+
+def _bridge_module() -> Any:
+    path = Path(__file__).resolve().parents[1] / "examples" / "bridge.py"
+    spec = importlib.util.spec_from_file_location("bridge_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_example_bridge_posts_to_the_avatars_partition_and_reads_every_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/bridge.py with --partitions 4: each message on its avatar's partition,
+    every partition's replies shown once (an entry ID both partitions have is two
+    replies, a repeat in one is dropped), resumed per partition after a restart."""
+    bridge_example = _bridge_module()
+    client = fakeredis.FakeRedis(decode_responses=True)
+    services = service_streams("gm", PARTITIONS)
+    state = tmp_path / "state.json"
+    shown: list[tuple[str, str]] = []
+    monkeypatch.setattr(bridge_example, "say", lambda r: shown.append((r.avatar_uuid, r.text)))
+
+    def run_until(bridge: Any, count: int) -> None:
+        def stop_when_shown(reply: Any) -> None:
+            shown.append((reply.avatar_uuid, reply.text))
+            if len(shown) >= count:
+                bridge.stop()
+
+        monkeypatch.setattr(bridge_example, "say", stop_when_shown)
+        worker = threading.Thread(target=bridge.run, daemon=True)
+        worker.start()
+        worker.join(DEADLINE)
+        assert not worker.is_alive(), f"{len(shown)} of {count} shown"
+
+    # Given a bridge on 4 partitions, residents of every partition talking
+    bridge = bridge_example.Bridge(client, "gm", state, PARTITIONS)
+    for who in range(12):
+        bridge.post(message(who, "im", 0))
+    for keys in services:
+        uuids = {f["avatar_uuid"] for _, f in client.xrange(keys.inbound)}
+        assert uuids and all(expected_partition(u, PARTITIONS) == keys.partition for u in uuids)
+    # When replies come on partitions 0 and 2 under one entry ID, and a repeat on 2
+    a, b = avatar(1), avatar(2)
+    reply = {"channel": "im", "in_reply_to": "5-1", "session_id": "s"}
+    client.xadd(services[0].outbound, {**reply, "avatar_uuid": a, "text": "to a"}, id="7-1")
+    client.xadd(services[2].outbound, {**reply, "avatar_uuid": b, "text": "to b"}, id="7-1")
+    client.xadd(services[2].outbound, {**reply, "avatar_uuid": b, "text": "to b"}, id="7-2")
+    client.xadd(services[3].outbound, {**reply, "avatar_uuid": a, "text": "last"}, id="8-1")
+    run_until(bridge, 3)
+    bridge.state.save(state)
+    # Then each is shown once, the repeat dropped, and the positions resume per stream
+    assert sorted(shown) == sorted([(a, "to a"), (b, "to b"), (a, "last")])
+    assert json.loads(state.read_text())["last_ids"] == ["7-1", "0-0", "7-2", "8-1"]
+    client.xadd(services[1].outbound, {**reply, "avatar_uuid": b, "text": "after"}, id="9-1")
+    shown.clear()
+    run_until(bridge_example.Bridge(client, "gm", state, PARTITIONS), 1)
+    assert shown == [(b, "after")]
