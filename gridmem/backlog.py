@@ -28,7 +28,9 @@ line, `{"stream": "inbound"|"outbound", "id": "<ms>-<seq>", "fields": {...}}`,
 each stream's entries in ascending ID order. With P > 1 each line also names its
 `"partition"` (a line without one is partition 0); a restore puts an entry in its
 avatar's partition under the partitions then configured (its saved one for an entry
-without a valid UUID), so a changed P still loses no message. It is written as a generation is
+without a valid UUID), so a changed P still loses no message: where partitions merge,
+a message whose ID another one took comes back at a new ID (a reply is not added
+again, as below). It is written as a generation is
 (temp file 0600 in the same directory, fsync, os.replace, fsync of the
 directory), under the snapshot directory's lock.
 
@@ -442,29 +444,38 @@ def restore(
 def _add(
     executor: Executor, key: str, mine: list[_Entry], new_server: bool, report: RestoreReport
 ) -> None:
-    """Add one stream's saved entries (ascending IDs) to it, counted in `report`."""
-    last = _last_id(executor, key)
-    # at their own IDs first (those above the stream's last), then the renumbered
-    # ones: a new ID is above every saved one
-    for entry in sorted(mine, key=lambda e: e.order <= last):
-        fields = [part for pair in entry.fields.items() for part in pair]
+    """Add one stream's saved entries (ascending IDs) to it, counted in `report`: at
+    their own IDs first (those above the stream's last), then the renumbered ones, since
+    a new ID is above every saved one."""
+    last = top = _last_id(executor, key)
+    later: list[_Entry] = []
+    for entry in mine:
+        # the stream had this ID (or a later one) before; or, `partitions` having
+        # changed, an entry of another saved partition took it here
+        taken, clash = entry.order <= last, last < entry.order <= top
         # an unanswered message comes back at a new ID rather than not at all;
         # a reply does not (at a new ID, a bridge would read it twice)
-        renumber = new_server and entry.stream == "inbound" and entry.order <= last
-        if entry.order <= last and not renumber:
+        if entry.stream == "inbound" and ((new_server and taken) or clash):
+            later.append(entry)
+        elif taken or clash:
             report.skipped += 1
-            continue
-        try:
-            executor.command("XADD", key, "*" if renumber else entry.id, *fields)
-        except redis.ResponseError:
-            report.skipped += 1  # someone added a newer entry meanwhile
-            continue
-        if renumber:
+        elif _xadd(executor, key, entry.id, entry, report):
+            top = entry.order
+            report.inbound += entry.stream == "inbound"
+            report.outbound += entry.stream == "outbound"
+    for entry in later:
+        if _xadd(executor, key, "*", entry, report):
             report.renumbered += 1
-        elif entry.stream == "inbound":
-            report.inbound += 1
-        else:
-            report.outbound += 1
+
+
+def _xadd(executor: Executor, key: str, at: str, entry: _Entry, report: RestoreReport) -> bool:
+    fields = [part for pair in entry.fields.items() for part in pair]
+    try:
+        executor.command("XADD", key, at, *fields)
+    except redis.ResponseError:
+        report.skipped += 1  # someone added a newer entry meanwhile
+        return False
+    return True
 
 
 def _partition(entry: _Entry, partitions: int) -> int:
