@@ -13,6 +13,8 @@ import asyncio
 import importlib.util
 import json
 import re
+import shutil
+import signal
 import sys
 import threading
 import zlib
@@ -31,9 +33,11 @@ from gridmem.errors import InvalidAvatarId
 from gridmem.keys import KeySpace, ServiceKeys
 from gridmem.partitions import CLUSTER_SLOTS, partition_tags
 from gridmem.store import AsyncConversationStore
+from tests.conftest import short_tempdir
 from tests.helpers import avatar
 from tests.test_worker import DEADLINE, go, new_client
 from worker.llm import Message
+from worker.localllm import LocalChatServer
 
 __all__ = ["new_client"]  # the fixture, used by the worker test below
 
@@ -234,8 +238,9 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
     """Every worker consumes every partition: messages of many avatars on both channels
     are each answered once, per key in the order posted, the reply on the outbound
     stream of the avatar's partition; while they wait, each partition's keys sit in its
-    slot. An entry posted to another partition's stream is dead-lettered there."""
-    from worker.service import Worker
+    slot. Keys a dead worker left in any partition are adopted. An entry posted to
+    another partition's stream is dead-lettered there."""
+    from worker.service import GROUP, Worker
 
     services = service_streams("gm", PARTITIONS)
 
@@ -249,15 +254,22 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
         chat = HeldChat()
         worker = Worker(store, chat, settings, name="w-test")
         written = watch(store)
-        task = asyncio.create_task(worker.run())
+        task: asyncio.Task[None] | None = None
         try:
             # Given 16 avatars x 2 channels x 3 messages, each on its avatar's partition,
             sent = await post(client, services)
-            # and one posted to a partition its avatar is not in
+            # one posted to a partition its avatar is not in,
             stray_uuid = avatar(1)
             wrong = services[(expected_partition(stray_uuid, PARTITIONS) + 1) % PARTITIONS]
             fields = {"avatar_uuid": stray_uuid, "channel": "im", "text": "stray"}
             stray = (await client.xadd(wrong.inbound, fields)).decode()
+            # all of which a worker read and filed, then died (the keys have no owner
+            # and nothing new comes: only the orphan adopter can find them)
+            for keys in services:
+                await store.executor.call(store.scripts.ensure_group(keys, group=GROUP))
+                take = store.scripts.take_inbound(keys, group=GROUP, consumer="dead", count=1000)
+                assert len(await store.executor.call(take)) == await client.xlen(keys.inbound)
+            task = asyncio.create_task(worker.run())
             # When the model is asked (and holds): the queue's keys are in their slots
             async with chat.changed:
                 held = chat.changed.wait_for(lambda: len(chat.requests) >= 4)
@@ -279,7 +291,8 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
         finally:
             chat.release.set()
             worker.stop()
-            await asyncio.wait_for(task, DEADLINE)
+            if task is not None:
+                await asyncio.wait_for(task, DEADLINE)
             await store.aclose()
             await client.aclose()
 
@@ -344,3 +357,77 @@ def test_the_example_bridge_posts_to_the_avatars_partition_and_reads_every_one(
     shown.clear()
     run_until(bridge_example.Bridge(client, "gm", state, PARTITIONS), 1)
     assert shown == [(b, "after")]
+
+
+def _post_to_service(client: Any, services: tuple[ServiceKeys, ...]) -> set[tuple[int, str]]:
+    """16 avatars x 2 channels x 3 messages in a burst, each on its avatar's partition,
+    texts tagged as tests/test_service.py reads them; (partition, entry ID) of each."""
+    posted = set()
+    for n in range(3):
+        for who in range(16):
+            for channel in ("public", "im"):
+                p = expected_partition(avatar(who), PARTITIONS)
+                fields = {**message(who, channel, n), "text": f"msg [{who}/{channel}/{n}]"}
+                posted.add((p, client.xadd(services[p].inbound, fields)))
+    return posted
+
+
+def _replies(client: Any, services: tuple[ServiceKeys, ...]) -> dict[int, list[dict[str, str]]]:
+    return {k.partition: [f for _, f in client.xrange(k.outbound)] for k in services}
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_gridmem_serve_on_four_partitions_survives_a_sigkill_exactly_once() -> None:
+    """`gridmem serve` with partitions = 4, two worker processes, both SIGKILLed mid-run:
+    every message of 16 avatars x 2 channels is stored once and answered, per key in the
+    order posted, each reply on its avatar's partition; no request to the model mixes
+    keys; every key the queue left sits in its partition's slot."""
+    from tests.test_service import TAG, _assert_exactly_once, _start, _stop, wait_until
+
+    services = service_streams("gm", PARTITIONS)
+    base = short_tempdir("gm-part-")
+    sent = {(who, ch): [0, 1, 2] for who in range(16) for ch in ("public", "im")}
+    try:
+        with LocalChatServer(delay_seconds=0.2) as llm:
+            service = _start(base, llm, partitions=PARTITIONS, concurrency=4)
+            try:
+                # Given messages of every partition, in a burst
+                posted = _post_to_service(service.client, services)
+                # When both workers are SIGKILLed while work is in flight (between them
+                # they hold keys of every partition: one alone may hold one partition's)
+                wait_until(service.process, lambda: len(llm.requests) >= 10, "work in flight", 60)
+                for victim in service.workers():
+                    victim.send_signal(signal.SIGKILL)
+
+                # Then every message is answered, on its avatar's partition (entry IDs
+                # are per stream: a reply is named by its partition and in_reply_to)
+                def answered() -> bool:
+                    replies = _replies(service.client, services).items()
+                    return posted <= {(p, r["in_reply_to"]) for p, rs in replies for r in rs}
+
+                wait_until(service.process, answered, "every message answered", 90)
+                for p, replies in _replies(service.client, services).items():
+                    assert all(
+                        expected_partition(r["avatar_uuid"], PARTITIONS) == p for r in replies
+                    )
+                _assert_exactly_once(service, sent)  # stored once each, in the order posted
+                wait_until(
+                    service.process,
+                    lambda: all(service.client.xlen(k.inbound) == 0 for k in services),
+                    "the answered entries to be deleted",
+                    30,
+                )
+                shard = KeySpace().prefix(0)
+                slots = {key_slot(k.inbound.encode()): k for k in services}
+                for name in service.client.keys("gm:{*"):
+                    if not name.startswith(shard):
+                        keys = slots[key_slot(name.encode())]
+                        assert name.startswith(keys.ready.removesuffix("ready")), name
+            finally:
+                _stop(service)
+        for body in llm.requests:  # the wire check: one key per request
+            found = {(w, c) for m in body["messages"][1:] for w, c, _ in TAG.findall(m["content"])}
+            assert len(found) == 1, found
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
