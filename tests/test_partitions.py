@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -431,3 +432,100 @@ def test_gridmem_serve_on_four_partitions_survives_a_sigkill_exactly_once() -> N
             assert len(found) == 1, found
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_every_step_of_the_queue_runs_on_a_real_cluster_and_partitions_spread() -> None:
+    """On a real 3-master Valkey Cluster, each step of the queue (group, XADD, take,
+    claim, attempt, renew, publish, dead letter, finish, orphans, backlog, blocking read)
+    runs against each of 4 partitions without a cross-slot error, and 16 partitions put
+    5 or 6 on each master. (The service on the cluster waits for the cluster clients of
+    issue 15's executor.)"""
+    from gridmem.embedded import EmbeddedCluster
+    from gridmem.executor import Executor
+    from gridmem.scripts import Scripts, load_scripts
+
+    directory = short_tempdir("gm-cluster-")
+    try:
+        with EmbeddedCluster(directory, replicas=0) as cluster:
+            client = cluster.client()
+            executor, scripts = Executor(client), Scripts(load_scripts())
+            services = service_streams("gm", PARTITIONS)
+            masters = {}
+            for keys in services:
+                masters[keys.partition] = client.get_node_from_key(keys.inbound).port
+                _one_of_each_step(client, executor, scripts, keys)
+            assert len(set(masters.values())) == 3  # 4 partitions on all 3 masters
+            spread = Counter(
+                client.get_node_from_key(k.inbound).port for k in service_streams("gm", 16)
+            )
+            assert sorted(spread.values()) == [5, 5, 6], spread
+            client.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _one_of_each_step(client: Any, executor: Any, scripts: Any, keys: ServiceKeys) -> None:
+    uuid = next(
+        avatar(n) for n in range(100) if expected_partition(avatar(n), PARTITIONS) == keys.partition
+    )
+    executor.call(scripts.ensure_group(keys, group="workers"))
+    ids = [
+        client.xadd(keys.inbound, {"avatar_uuid": uuid, "channel": "im", "text": "hi"})
+        for _ in range(2)
+    ]
+    ids.append(client.xadd(keys.inbound, {"avatar_uuid": "bad", "channel": "im", "text": "x"}))
+    assert executor.call(scripts.read_backlog(keys)) == 3
+    assert client.xread({keys.inbound: "0-0"}, block=10)  # the worker's blocking read
+    taken = executor.call(scripts.take_inbound(keys, group="workers", consumer="c", count=10))
+    assert [t.entry_id.encode() for t in taken] == ids
+    assert {t.member for t in taken} >= {f"{uuid}:im"}
+    assert sorted(executor.call(scripts.orphaned_keys(keys, sample=10))) == sorted(
+        {t.member for t in taken}
+    )
+    for member in sorted({t.member for t in taken}):
+        step = executor.call(scripts.claim_key(keys, member=member, owner="c", lease_ms=5000))
+        while step.state == "ok":
+            attempt = scripts.begin_attempt(
+                keys,
+                member=member,
+                owner="c",
+                entry_id=step.entry_id,
+                token=f"t{step.entry_id.replace('-', '')}",
+            )
+            assert executor.call(attempt).state == "ok"
+            assert executor.call(scripts.renew_lease(keys, member=member, owner="c", lease_ms=5000))
+            if step.rejected:
+                executor.call(
+                    scripts.dead_letter(
+                        keys, entry_id=step.entry_id, reason=step.rejected, max_entries=10
+                    )
+                )
+            else:
+                executor.call(scripts.read_inbound(keys, entry_id=step.entry_id))
+                reply = scripts.publish_reply(
+                    keys,
+                    avatar_uuid=uuid,
+                    channel="im",
+                    text_="ok",
+                    in_reply_to=step.entry_id,
+                    session_id="ab" * 16,
+                    max_entries=10,
+                )
+                executor.call(reply)
+            finish = scripts.finish_entry(
+                keys,
+                group="workers",
+                entry_id=step.entry_id,
+                member=member,
+                owner="c",
+                lease_ms=5000,
+                release=False,
+            )
+            step = executor.call(finish)
+    assert (client.xlen(keys.inbound), client.xlen(keys.outbound), client.xlen(keys.dead)) == (
+        0,
+        2,
+        1,
+    )
