@@ -22,7 +22,15 @@ is the stream contract (docs/streams.md):
   written atomically after each reply, so a restart resumes where it stopped:
   no reply lost, none shown twice.
 
-Needs only redis-py (`pip install redis`). Stop it with Ctrl-C or SIGTERM.
+With `--partitions P` (the service's `[conversation] partitions`), each stream is
+P streams: a message goes to the inbound stream of its avatar's partition
+(`gridmem.partition_of`, crc32 of the lowercase UUID mod P), and the bridge reads
+every partition's outbound stream, with a resume position for each, in one XREAD
+(on one server; on a cluster, read each partition on its own: docs/streams.md).
+
+Needs redis-py and gridmem (`pip install gridmem`, for the partition and stream
+names; a bridge in another language computes them from docs/streams.md). Stop it
+with Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from types import FrameType
 from typing import Any
 
 import redis
+
+from gridmem import InvalidAvatarId, partition_of, service_streams
 
 log = logging.getLogger("bridge")
 
@@ -71,38 +81,57 @@ class Reply:
 
 @dataclass
 class State:
-    """Where to resume: the last outbound entry handled and the replies delivered lately."""
+    """Where to resume: the last entry handled of each outbound stream (one per
+    partition) and the replies delivered lately."""
 
-    last_id: str
+    last_ids: list[str]
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_REPLIES))
 
     def __post_init__(self) -> None:
         self._seen = set(self.recent)
 
-    def seen(self, reply: Reply) -> bool:
-        return reply.in_reply_to in self._seen
+    @property
+    def last_id(self) -> str:
+        return ",".join(self.last_ids)
 
-    def delivered(self, entry_id: str, reply: Reply) -> None:
+    def _name(self, partition: int, reply: Reply) -> str:
+        # entry IDs are per stream: two partitions may each have a `1700000000000-0`
+        return reply.in_reply_to if len(self.last_ids) == 1 else f"{partition}/{reply.in_reply_to}"
+
+    def seen(self, partition: int, reply: Reply) -> bool:
+        return self._name(partition, reply) in self._seen
+
+    def delivered(self, partition: int, entry_id: str, reply: Reply) -> None:
         if len(self.recent) == self.recent.maxlen:
             self._seen.discard(self.recent[0])  # about to fall out of the window
-        self.recent.append(reply.in_reply_to)
-        self._seen.add(reply.in_reply_to)
-        self.last_id = entry_id
+        name = self._name(partition, reply)
+        self.recent.append(name)
+        self._seen.add(name)
+        self.last_ids[partition] = entry_id
 
     @classmethod
-    def load(cls, path: Path) -> State | None:
-        """The saved state, or None on a first start."""
+    def load(cls, path: Path, partitions: int) -> State | None:
+        """The saved state, or None on a first start (or a saved one for another
+        number of partitions: then each stream starts after its newest entry)."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         recent = deque(data["recent"], maxlen=RECENT_REPLIES)
-        return cls(last_id=str(data["last_id"]), recent=recent)
+        last_ids = data.get("last_ids", [data.get("last_id")])
+        if len(last_ids) != partitions or not all(isinstance(i, str) for i in last_ids):
+            return None
+        return cls(last_ids=last_ids, recent=recent)
 
     def save(self, path: Path) -> None:
         """Write the state atomically: a temporary file, fsync, then rename over the old
         one. A crash leaves the old state or the new one, never half of either."""
-        data = json.dumps({"last_id": self.last_id, "recent": list(self.recent)})
+        position: dict[str, Any] = (
+            {"last_id": self.last_ids[0]}
+            if len(self.last_ids) == 1
+            else {"last_ids": self.last_ids}
+        )
+        data = json.dumps({**position, "recent": list(self.recent)})
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -121,50 +150,64 @@ class State:
 
 
 class Bridge:
-    def __init__(self, client: redis.Redis, namespace: str, state_path: Path) -> None:
+    def __init__(
+        self, client: redis.Redis, namespace: str, state_path: Path, partitions: int = 1
+    ) -> None:
         self.client = client
-        self.inbound = f"{namespace}:inbound"
-        self.outbound = f"{namespace}:outbound"
+        self.partitions = partitions
+        streams = service_streams(namespace, partitions)
+        self.inbound = [keys.inbound for keys in streams]
+        self.outbound = [keys.outbound for keys in streams]
         self.state_path = state_path
         self.stopping = threading.Event()
-        # First start: replies from now on. Resolved to an ID now, not read as "$"
+        # First start: replies from now on. Resolved to IDs now, not read as "$"
         # later, so a reply published before the first read is not skipped.
-        self.state = State.load(state_path) or State(last_id=self._newest_outbound())
+        self.state = State.load(state_path, partitions) or State(
+            last_ids=[self._newest(stream) for stream in self.outbound]
+        )
 
     def post(self, message: dict[str, str]) -> str:
-        """Put one resident's message on gm:inbound; its entry ID names it from then on."""
+        """Put one resident's message on the inbound stream of its avatar's partition;
+        its entry ID names it from then on."""
         fields = {name: message[name] for name in INBOUND_FIELDS if message.get(name)}
-        entry_id = str(self.client.xadd(self.inbound, fields))  # type: ignore[arg-type]
+        try:
+            partition = partition_of(fields.get("avatar_uuid", ""), self.partitions)
+        except InvalidAvatarId:
+            partition = 0  # not a UUID: the service dead-letters it (bad_uuid) wherever it is
+        stream = self.inbound[partition]
+        entry_id = str(self.client.xadd(stream, fields))  # type: ignore[arg-type]
         log.info("posted %s (%s, %s)", entry_id, fields.get("avatar_uuid"), fields.get("channel"))
         return entry_id
 
     def run(self) -> None:
         """Deliver replies until stop(): each new one once, the state saved after each."""
         while not self.stopping.is_set():
+            positions = dict(zip(self.outbound, self.state.last_ids, strict=True))
             try:
-                found: Any = self.client.xread({self.outbound: self.state.last_id}, block=BLOCK_MS)
+                found: Any = self.client.xread(positions, block=BLOCK_MS)  # type: ignore[arg-type]
             except redis.ConnectionError:
                 log.warning("redis unreachable; retrying")  # e.g. the service restarting
                 self.stopping.wait(1.0)
                 continue
-            for _stream, entries in found or ():
+            for stream, entries in found or ():
+                partition = self.outbound.index(stream)
                 for entry_id, fields in entries:
-                    self._handle(entry_id, Reply.from_fields(fields))
+                    self._handle(partition, entry_id, Reply.from_fields(fields))
 
-    def _handle(self, entry_id: str, reply: Reply) -> None:
-        if self.state.seen(reply):
+    def _handle(self, partition: int, entry_id: str, reply: Reply) -> None:
+        if self.state.seen(partition, reply):
             log.info("dropped a repeat of the reply to %s", reply.in_reply_to)
-            self.state.last_id = entry_id  # saved with the next reply
+            self.state.last_ids[partition] = entry_id  # saved with the next reply
             return
         say(reply)
-        self.state.delivered(entry_id, reply)
+        self.state.delivered(partition, entry_id, reply)
         self.state.save(self.state_path)
 
     def stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         self.stopping.set()
 
-    def _newest_outbound(self) -> str:
-        newest: Any = self.client.xrevrange(self.outbound, count=1)
+    def _newest(self, stream: str) -> str:
+        newest: Any = self.client.xrevrange(stream, count=1)
         return str(newest[0][0]) if newest else "0-0"
 
 
@@ -229,6 +272,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the service's [conversation] namespace (default: %(default)s)",
     )
     parser.add_argument(
+        "--partitions",
+        type=int,
+        default=int(os.environ.get("GRIDMEM_CONVERSATION__PARTITIONS") or 1),
+        help="the service's [conversation] partitions "
+        "(default: $GRIDMEM_CONVERSATION__PARTITIONS, else %(default)s)",
+    )
+    parser.add_argument(
         "--state",
         type=Path,
         default=Path("bridge-state.json"),
@@ -243,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     client = connect(args)
     while True:
         try:
-            bridge = Bridge(client, args.namespace, args.state)
+            bridge = Bridge(client, args.namespace, args.state, args.partitions)
             break
         except redis.ConnectionError:
             log.warning("waiting for the service's Redis")

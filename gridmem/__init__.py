@@ -13,6 +13,8 @@ from gridmem.errors import (
     InvalidRecord,
     ScriptError,
 )
+from gridmem.keys import ServiceKeys, service_streams
+from gridmem.partitions import partition_of
 from gridmem.records import (
     ActionResult,
     AgentReply,
@@ -59,6 +61,7 @@ __all__ = [
     "Receipt",
     "RestoreReport",
     "ScriptError",
+    "ServiceKeys",
     "SessionMetadata",
     "Settings",
     "SnapshotError",
@@ -70,4 +73,6 @@ __all__ = [
     "__version__",
     "connect",
     "connect_async",
+    "partition_of",
+    "service_streams",
 ]

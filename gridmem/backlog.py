@@ -11,6 +11,9 @@ flush, embedded.final_flush) and after each periodic flush of `gridmem serve`
 - the newest MAX_OUTBOUND entries of `gm:outbound` (replies a bridge may not have
   read yet);
 
+and with `partitions` P > 1, the same of every partition's streams (at most
+MAX_INBOUND in all, the newest MAX_OUTBOUND // P replies of each);
+
 each with its original stream ID and fields, every field value redacted (the same
 rules as a live write: no secret reaches the disk). The payload is bounded by
 MAX_PAYLOAD_BYTES: entries past a bound are not saved, and counted in the log.
@@ -22,7 +25,12 @@ The file is framed and signed as a snapshot generation is (snapshots.Header,
 with its own magic): header with the payload's length and SHA-256, a checksum
 and an HMAC-SHA256 with the installation's snapshot key; then one JSON object per
 line, `{"stream": "inbound"|"outbound", "id": "<ms>-<seq>", "fields": {...}}`,
-each stream's entries in ascending ID order. It is written as a generation is
+each stream's entries in ascending ID order. With P > 1 each line also names its
+`"partition"` (a line without one is partition 0); a restore puts an entry in its
+avatar's partition under the partitions then configured (its saved one for an entry
+without a valid UUID), so a changed P still loses no message: where partitions merge,
+a message whose ID another one took comes back at a new ID (a reply is not added
+again, as below). It is written as a generation is
 (temp file 0600 in the same directory, fsync, os.replace, fsync of the
 directory), under the snapshot directory's lock.
 
@@ -45,14 +53,16 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
 
+from gridmem.errors import InvalidInput
 from gridmem.keys import INBOUND_FIELDS, OUTBOUND_FIELDS, ServiceKeys
+from gridmem.partitions import MAX_PARTITIONS, partition_of
 from gridmem.redaction import DEFAULT_REDACTOR, Redactor
 from gridmem.snapshots import (
     HEADER_SIZE,
@@ -138,9 +148,13 @@ def _decode(
     return text_id, decoded
 
 
-def _line(stream: str, entry_id: str, fields: dict[str, str], redactor: Redactor) -> bytes:
+def _line(
+    stream: str, partition: int | None, entry_id: str, fields: dict[str, str], redactor: Redactor
+) -> bytes:
     clean = {name: redactor.redact(value)[0] for name, value in fields.items()}
-    data = {"stream": stream, "id": entry_id, "fields": clean}
+    data: dict[str, Any] = {"stream": stream, "id": entry_id, "fields": clean}
+    if partition is not None:
+        data["partition"] = partition
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
@@ -155,21 +169,19 @@ def _inbound(executor: Executor, key: str) -> Iterator[tuple[Any, Any]]:
         start = "(" + (last.decode("ascii") if isinstance(last, bytes) else str(last))
 
 
-def _outbound(executor: Executor, key: str) -> list[tuple[Any, Any]]:
-    """The newest MAX_OUTBOUND entries, oldest first."""
+def _outbound(executor: Executor, key: str, most: int) -> Iterator[tuple[Any, Any]]:
+    """The newest `most` entries, oldest first."""
     got: list[tuple[Any, Any]] = []
     end = "+"
-    while len(got) < MAX_OUTBOUND:
-        page = executor.command(
-            "XREVRANGE", key, end, "-", "COUNT", min(PAGE, MAX_OUTBOUND - len(got))
-        )
+    while len(got) < most:
+        page = executor.command("XREVRANGE", key, end, "-", "COUNT", min(PAGE, most - len(got)))
         if not page:
             break
         got += page
         last = page[-1][0]
         end = "(" + (last.decode("ascii") if isinstance(last, bytes) else str(last))
     got.reverse()
-    return got
+    return iter(got)
 
 
 @dataclass
@@ -181,8 +193,11 @@ class _Collector:
     lines: list[bytes] = field(default_factory=list)
     budget: int = MAX_PAYLOAD_BYTES
 
-    def keep(self, stream: str, entries: Iterable[tuple[Any, Any]], most: int) -> int:
-        """Add one stream's entries while `most` and the byte budget allow; how many."""
+    def keep(
+        self, stream: str, partition: int | None, entries: Iterable[tuple[Any, Any]], most: int
+    ) -> int:
+        """Add one stream's entries while `most` and the byte budget allow; how many.
+        `partition` is written in each line when the streams are partitioned."""
         allowed = INBOUND_FIELDS if stream == "inbound" else OUTBOUND_FIELDS
         kept = 0
         for entry_id, fields in entries:
@@ -191,7 +206,7 @@ class _Collector:
             if decoded is None or (stream == "outbound" and set(decoded[1]) != allowed):
                 self.report.dropped += 1
                 continue
-            line = _line(stream, *decoded, self.redactor)
+            line = _line(stream, partition, *decoded, self.redactor)
             if kept >= most or len(line) > self.budget:
                 self.report.over_bounds += 1
                 continue
@@ -204,7 +219,7 @@ class _Collector:
 def save(
     executor: Executor,
     directory: SnapshotDirectory,
-    service: ServiceKeys,
+    services: Sequence[ServiceKeys],
     *,
     created_ms: int,
     redactor: Redactor = DEFAULT_REDACTOR,
@@ -215,8 +230,16 @@ def save(
     cannot be read."""
     report = SaveReport()
     collect = _Collector(report, redactor)  # inbound first: what waits matters most
-    report.inbound = collect.keep("inbound", _inbound(executor, service.inbound), MAX_INBOUND)
-    report.outbound = collect.keep("outbound", _outbound(executor, service.outbound), MAX_OUTBOUND)
+    named = len(services) > 1
+    for keys in services:
+        partition = keys.partition if named else None
+        most = MAX_INBOUND - report.inbound
+        report.inbound += collect.keep("inbound", partition, _inbound(executor, keys.inbound), most)
+    for keys in services:
+        partition = keys.partition if named else None
+        most = MAX_OUTBOUND // len(services)
+        replies = _outbound(executor, keys.outbound, most)
+        report.outbound += collect.keep("outbound", partition, replies, most)
     lines = collect.lines
     with directory.locked():
         final = directory.directory / BACKLOG_FILE
@@ -276,6 +299,7 @@ class _Entry:
     id: str
     order: tuple[int, int]
     fields: dict[str, str]
+    partition: int = 0
 
 
 def _check_fields(stream: str, fields: Any, max_value_bytes: int, redactor: Redactor) -> None:
@@ -301,16 +325,19 @@ def _check_line(raw: bytes, max_value_bytes: int, redactor: Redactor) -> _Entry:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise SnapshotInvalid("bad_line", "not a JSON line") from None
-    if not isinstance(data, dict) or set(data) != {"stream", "id", "fields"}:
+    if not isinstance(data, dict) or set(data) - {"partition"} != {"stream", "id", "fields"}:
         raise SnapshotInvalid("bad_entry", "not a backlog entry")
     stream, entry_id, fields = data["stream"], data["id"], data["fields"]
+    partition = data.get("partition", 0)
+    if type(partition) is not int or not 0 <= partition < MAX_PARTITIONS:
+        raise SnapshotInvalid("bad_entry", "not a partition")
     if stream not in ("inbound", "outbound"):
         raise SnapshotInvalid("bad_entry", "unknown stream")
     order = parse_id(entry_id) if isinstance(entry_id, str) else None
     if order is None:
         raise SnapshotInvalid("bad_id", "not a stream ID")
     _check_fields(stream, fields, max_value_bytes, redactor)
-    return _Entry(stream, entry_id, order, fields)
+    return _Entry(stream, entry_id, order, fields, partition)
 
 
 def _read(
@@ -334,13 +361,14 @@ def _read(
     if not hmac.compare_digest(hashlib.sha256(payload).digest(), header.payload_sha):
         raise SnapshotInvalid("checksum_mismatch", "payload damaged")
     entries: list[_Entry] = []
-    last: dict[str, tuple[int, int]] = {}
+    last: dict[tuple[str, int], tuple[int, int]] = {}
     counts = {"inbound": 0, "outbound": 0}
     for raw in payload.splitlines():
         entry = _check_line(raw, max_value_bytes, redactor)
-        if entry.stream in last and entry.order <= last[entry.stream]:
+        stream = (entry.stream, entry.partition)
+        if stream in last and entry.order <= last[stream]:
             raise SnapshotInvalid("bad_order", "stream IDs not ascending")
-        last[entry.stream] = entry.order
+        last[stream] = entry.order
         counts[entry.stream] += 1
         entries.append(entry)
     if counts["inbound"] > MAX_INBOUND or counts["outbound"] > MAX_OUTBOUND:
@@ -371,7 +399,7 @@ def _last_id(executor: Executor, key: str) -> tuple[int, int]:
 def restore(
     executor: Executor,
     directory: SnapshotDirectory,
-    service: ServiceKeys,
+    services: Sequence[ServiceKeys],
     *,
     max_value_bytes: int,
     now_ms: int,
@@ -402,31 +430,58 @@ def restore(
         # each is there, or was answered and deleted. A new server holds none of them;
         # a bridge may have posted to it already, above their IDs.
         new_server = saved_by != _server_id(executor)
-        keys = {"inbound": service.inbound, "outbound": service.outbound}
-        for stream, key in keys.items():
-            last = _last_id(executor, key)
-            # at their own IDs first (those above the stream's last), then the renumbered
-            # ones: a new ID is above every saved one
-            mine = [e for e in entries if e.stream == stream]
-            for entry in sorted(mine, key=lambda e: e.order <= last):
-                fields = [part for pair in entry.fields.items() for part in pair]
-                # an unanswered message comes back at a new ID rather than not at all;
-                # a reply does not (at a new ID, a bridge would read it twice)
-                renumber = new_server and stream == "inbound" and entry.order <= last
-                if entry.order <= last and not renumber:
-                    report.skipped += 1
-                    continue
-                try:
-                    executor.command("XADD", key, "*" if renumber else entry.id, *fields)
-                except redis.ResponseError:
-                    report.skipped += 1  # someone added a newer entry meanwhile
-                    continue
-                if renumber:
-                    report.renumbered += 1
-                elif stream == "inbound":
-                    report.inbound += 1
-                else:
-                    report.outbound += 1
+        streams: dict[tuple[str, int], list[_Entry]] = {}
+        for entry in entries:
+            streams.setdefault((entry.stream, _partition(entry, len(services))), []).append(entry)
+        for (stream, partition), mine in sorted(streams.items()):
+            mine.sort(key=lambda e: e.order)  # saved partitions may have merged into one
+            _add(executor, getattr(services[partition], stream), mine, new_server, report)
         path.unlink()
         _fsync_directory(directory.directory, directory.posix)
     return report
+
+
+def _add(
+    executor: Executor, key: str, mine: list[_Entry], new_server: bool, report: RestoreReport
+) -> None:
+    """Add one stream's saved entries (ascending IDs) to it, counted in `report`: at
+    their own IDs first (those above the stream's last), then the renumbered ones, since
+    a new ID is above every saved one."""
+    last = top = _last_id(executor, key)
+    later: list[_Entry] = []
+    for entry in mine:
+        # the stream had this ID (or a later one) before; or, `partitions` having
+        # changed, an entry of another saved partition took it here
+        taken, clash = entry.order <= last, last < entry.order <= top
+        # an unanswered message comes back at a new ID rather than not at all;
+        # a reply does not (at a new ID, a bridge would read it twice)
+        if entry.stream == "inbound" and ((new_server and taken) or clash):
+            later.append(entry)
+        elif taken or clash:
+            report.skipped += 1
+        elif _xadd(executor, key, entry.id, entry, report):
+            top = entry.order
+            report.inbound += entry.stream == "inbound"
+            report.outbound += entry.stream == "outbound"
+    for entry in later:
+        if _xadd(executor, key, "*", entry, report):
+            report.renumbered += 1
+
+
+def _xadd(executor: Executor, key: str, at: str, entry: _Entry, report: RestoreReport) -> bool:
+    fields = [part for pair in entry.fields.items() for part in pair]
+    try:
+        executor.command("XADD", key, at, *fields)
+    except redis.ResponseError:
+        report.skipped += 1  # someone added a newer entry meanwhile
+        return False
+    return True
+
+
+def _partition(entry: _Entry, partitions: int) -> int:
+    """Where an entry goes back: its avatar's partition (the one it was saved from,
+    unless `partitions` changed since), or its saved one when it has no valid UUID."""
+    try:
+        return partition_of(entry.fields.get("avatar_uuid", ""), partitions)
+    except InvalidInput:
+        return entry.partition if entry.partition < partitions else 0

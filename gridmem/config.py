@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from gridmem.errors import ConfigError
+from gridmem.partitions import MAX_PARTITIONS
 
 log = logging.getLogger("gridmem.config")
 
@@ -239,6 +240,10 @@ class ConversationConfig(BaseModel):
     # Redis Cluster hash-tag shards. The session and byte bounds are split over them
     # (shard_limits; docs/architecture.md), never exceeding the global limits.
     shards: int = Field(default=1, ge=1, le=1024)
+    # The worker service's streams, split in this many partitions (each in its own
+    # cluster slot) by a hash of the avatar UUID (gridmem/partitions.py; docs/streams.md).
+    # 1: the unpartitioned names (gm:inbound, ...). Bridges must use the same number.
+    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
 
     @model_validator(mode="after")
     def _splits_over_shards(self) -> ConversationConfig:

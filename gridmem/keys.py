@@ -26,6 +26,10 @@ Layout (namespace "gm", shard 0):
     {gm:inbound}:attempts               hash    entry ID -> attempts at answering it (poison)
     {gm:inbound}:rejected               hash    entry ID -> dead-letter reason decided for it
 
+    With `partitions` P > 1 (gridmem/partitions.py), partition p's service keys are
+    gm:{<tag p>}:inbound, :outbound, :dead, :ready, :mbox:<uuid>:<ch>, :owner:<uuid>:<ch>,
+    :attempts, :rejected: all of one partition in one cluster slot.
+
 The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
 Cluster slot, so every script touches one slot. Both channels of an avatar
 live in the same shard. lua/lib.lua rebuilds a session's key names from an
@@ -39,6 +43,7 @@ import functools
 import zlib
 from dataclasses import dataclass
 
+from gridmem.partitions import partition_of, partition_tags
 from gridmem.records import Channel
 
 SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
@@ -111,10 +116,12 @@ OUTBOUND_FIELDS = frozenset({"avatar_uuid", "channel", "text", "in_reply_to", "s
 
 @dataclass(frozen=True, slots=True)
 class ServiceKeys:
-    """Stream contract (DESIGN section 11) plus the per-key mailboxes' index.
+    """Stream contract (DESIGN section 11) plus the per-key mailboxes' index, of one
+    partition (docs/streams.md): every key of it in one cluster slot.
 
     Mailboxes `{gm:inbound}:mbox:<uuid>:<ch>` and owner leases
-    `{gm:inbound}:owner:<uuid>:<ch>` are named in Lua (lib.lua mailbox_keys).
+    `{gm:inbound}:owner:<uuid>:<ch>` are named in Lua (lib.lua mailbox_keys), from
+    the ready set's prefix (hash tag included).
     """
 
     inbound: str
@@ -123,14 +130,24 @@ class ServiceKeys:
     ready: str
     attempts: str
     rejected: str
+    partition: int = 0
+
+
+def service_streams(namespace: str = "gm", partitions: int = 1) -> tuple[ServiceKeys, ...]:
+    """The worker service's keys, one ServiceKeys per partition (docs/streams.md): what a
+    bridge writes to (`.inbound` of its avatar's partition, gridmem.partition_of) and
+    reads from (every partition's `.outbound`)."""
+    return KeySpace(namespace, 1, partitions).services()
 
 
 class KeySpace:
     """Key names for one namespace and shard count."""
 
-    def __init__(self, namespace: str = "gm", shards: int = 1) -> None:
+    def __init__(self, namespace: str = "gm", shards: int = 1, partitions: int = 1) -> None:
         self.namespace = namespace
         self.shards = shards
+        self.partitions = partitions
+        self._service_keys = tuple(self._build_service(p) for p in range(partitions))
         self._shard_keys = tuple(self._build_shard(n) for n in range(shards))
         # every call names a session's keys; the same residents talk again and again
         self.session = functools.lru_cache(maxsize=4096)(self._session)  # type: ignore[method-assign]
@@ -184,17 +201,39 @@ class KeySpace:
         names |= {f.name: getattr(session, f.name) for f in dataclasses.fields(SessionKeys)}
         return {TEMPLATE_FIELD + name: value for name, value in names.items()}
 
-    def service(self) -> ServiceKeys:
-        """The worker service's streams and bookkeeping (outside the session shards)."""
-        inbound = f"{self.namespace}:inbound"
+    def service(self, partition: int = 0) -> ServiceKeys:
+        """One partition's streams and bookkeeping (outside the session shards)."""
+        return self._service_keys[partition]
+
+    def services(self) -> tuple[ServiceKeys, ...]:
+        """Every partition's, in partition order."""
+        return self._service_keys
+
+    def service_of(self, avatar_uuid: str) -> ServiceKeys:
+        """The keys of the partition an avatar's messages go to (partition_of)."""
+        return self._service_keys[partition_of(avatar_uuid, self.partitions)]
+
+    def _build_service(self, partition: int) -> ServiceKeys:
+        if self.partitions == 1:  # the names every bridge has used from the start
+            inbound = f"{self.namespace}:inbound"
+            return ServiceKeys(
+                inbound=inbound,
+                outbound=f"{self.namespace}:outbound",
+                dead=f"{self.namespace}:dead",
+                # in the inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
+                ready=f"{{{inbound}}}:ready",
+                attempts=f"{{{inbound}}}:attempts",
+                rejected=f"{{{inbound}}}:rejected",
+            )
+        p = f"{self.namespace}:{{{partition_tags(self.partitions)[partition]}}}:"
         return ServiceKeys(
-            inbound=inbound,
-            outbound=f"{self.namespace}:outbound",
-            dead=f"{self.namespace}:dead",
-            # in the inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
-            ready=f"{{{inbound}}}:ready",
-            attempts=f"{{{inbound}}}:attempts",
-            rejected=f"{{{inbound}}}:rejected",
+            inbound=p + "inbound",
+            outbound=p + "outbound",
+            dead=p + "dead",
+            ready=p + "ready",
+            attempts=p + "attempts",
+            rejected=p + "rejected",
+            partition=partition,
         )
 
     def _build_shard(self, shard: int) -> ShardKeys:

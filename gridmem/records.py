@@ -87,6 +87,7 @@ class DeadLetterReason(StrEnum):
     BAD_ENCODING = "bad_encoding"  # a field name or value that is not UTF-8
     GONE = "gone"  # vanished before a worker read it
     POISON = "poison"  # answering it failed (or killed its worker) max_attempts times
+    WRONG_PARTITION = "wrong_partition"  # on another partition's stream than its avatar's
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")

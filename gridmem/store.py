@@ -30,7 +30,7 @@ from gridmem.config import ConversationConfig, Settings
 from gridmem.embedded import SharedValkey
 from gridmem.errors import StoreClosed
 from gridmem.executor import AsyncExecutor, Executor
-from gridmem.keys import KeySpace
+from gridmem.keys import KeySpace, ServiceKeys
 from gridmem.operations import Op, Operations
 from gridmem.records import (
     ContextMessage,
@@ -331,8 +331,9 @@ class ConversationStore:
             raise StoreClosed
         if self.snapshots is None:
             return None
-        service = KeySpace(self.config.namespace, self.config.shards).service()
-        return backlog.save(self.executor, self.snapshots, service, created_ms=self.clock.wall_ms())
+        return backlog.save(
+            self.executor, self.snapshots, self._service_keys(), created_ms=self.clock.wall_ms()
+        )
 
     def restore_backlog(self) -> backlog.RestoreReport | None:
         """Add a saved backlog's entries at their IDs (none the streams already hold),
@@ -342,14 +343,18 @@ class ConversationStore:
             raise StoreClosed
         if self.snapshots is None:
             return None
-        service = KeySpace(self.config.namespace, self.config.shards).service()
         return backlog.restore(
             self.executor,
             self.snapshots,
-            service,
+            self._service_keys(),
             max_value_bytes=self.config.limits.max_input_bytes,
             now_ms=self.clock.wall_ms(),
         )
+
+    def _service_keys(self) -> tuple[ServiceKeys, ...]:
+        """The worker service's streams, every partition's (docs/streams.md)."""
+        config = self.config
+        return KeySpace(config.namespace, config.shards, config.partitions).services()
 
     @property
     def scripts(self) -> Scripts:

@@ -112,10 +112,10 @@ def _arm(worker: Any, mode: str, marker: Path) -> None:
         marker.write_text(mode)
         return True
 
-    async def dead_lettering(entry_id: str, reason: str, *, member: str) -> None:
+    async def dead_lettering(entry_id: str, reason: str, *, key: Any) -> None:
         if mode == "reject-before" and first_time():
             die()
-        await dead_letter(entry_id, reason, member=member)
+        await dead_letter(entry_id, reason, key=key)
         if mode == "reject-after" and reason != "poison" and first_time():
             die()
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import AsyncConversationStore, backlog, connect_async
+from gridmem import AsyncConversationStore, backlog, connect_async, partition_of
 from gridmem.config import Limits, Settings
 from gridmem.embedded import EmbeddedValkey, final_flush
 from gridmem.executor import Executor
@@ -26,6 +26,7 @@ from tests.helpers import avatar
 pytestmark = pytest.mark.real
 
 SERVICE = KeySpace("gm", 1).service()
+SERVICES = (SERVICE,)
 PASSWORD = "password=Hunter2Hunter2Zq9"
 API_KEY = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2
 MAX = Limits().max_input_bytes
@@ -73,11 +74,11 @@ def _saved(client: redis_py.Redis, tmp_path: Path) -> tuple[SnapshotDirectory, P
 
 
 def _save(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.SaveReport:
-    return backlog.save(Executor(client), directory, SERVICE, created_ms=1)
+    return backlog.save(Executor(client), directory, SERVICES, created_ms=1)
 
 
 def _restore(client: redis_py.Redis, directory: SnapshotDirectory) -> backlog.RestoreReport:
-    return backlog.restore(Executor(client), directory, SERVICE, max_value_bytes=MAX, now_ms=7)
+    return backlog.restore(Executor(client), directory, SERVICES, max_value_bytes=MAX, now_ms=7)
 
 
 def _ids(client: redis_py.Redis, key: str) -> list[str]:
@@ -266,9 +267,9 @@ def test_a_post_during_the_last_save_is_saved_or_refused_never_lost(
         connection = bridge.connection_pool.get_connection()
         read_outbound = backlog._outbound
 
-        def a_bridge_posts_meanwhile(executor: Executor, key: str) -> list[tuple[Any, Any]]:
+        def a_bridge_posts_meanwhile(executor: Executor, key: str, most: int) -> Any:
             connection.send_command("XADD", SERVICE.inbound, "*", *sum(fields.items(), ()))
-            return read_outbound(executor, key)
+            return read_outbound(executor, key, most)
 
         monkeypatch.setattr(backlog, "_outbound", a_bridge_posts_meanwhile)
         final_flush(settings, server.url)
@@ -329,3 +330,51 @@ def test_the_server_that_still_runs_gets_nothing_again(
     restored = _restore(real_redis, directory)
     assert (restored.renumbered, restored.inbound, restored.skipped) == (0, 0, 8)
     assert real_redis.xlen(SERVICE.inbound) == 1
+
+
+@pytest.mark.parametrize("restored_into", [4, 3])
+def test_every_partition_is_saved_and_each_entry_comes_back_in_its_avatars(
+    real_redis: redis_py.Redis, tmp_path: Path, restored_into: int
+) -> None:
+    """With partitions, the backlog holds every partition's streams (the same entry ID in
+    two of them included), and each entry comes back in its avatar's partition: the one
+    it was saved from, or, when `partitions` changed meanwhile, the new one; an entry
+    without a valid UUID stays in its partition."""
+    directory, before = _directory(tmp_path), KeySpace("gm", 1, 4).services()
+    # Given 4 partitions' streams, each message on its avatar's partition, the first of
+    # each at ID 5-1 (IDs are per stream), a reply on each, and a bad entry on partition 3
+    sent = {}
+    for n in range(12):
+        keys = before[partition_of(avatar(n), 4)]
+        fields = {"avatar_uuid": avatar(n), "channel": "im", "text": f"hi {n}"}
+        if not real_redis.exists(keys.inbound):
+            real_redis.xadd(keys.inbound, fields, id="5-1")
+            reply = {**fields, "in_reply_to": "5-1", "session_id": "ab" * 16}
+            real_redis.xadd(keys.outbound, reply, id=f"6-{n}")
+        else:
+            real_redis.xadd(keys.inbound, fields)
+        sent[avatar(n)] = fields["text"]
+    real_redis.xadd(before[3].inbound, {"avatar_uuid": "bad", "channel": "im", "text": "x"})
+    saved = backlog.save(Executor(real_redis), directory, before, created_ms=1)
+    assert (saved.inbound, saved.outbound) == (13, 4)
+    # When a new server restores it, with `restored_into` partitions
+    real_redis.flushall()
+    after = KeySpace("gm", 1, restored_into).services()
+    executor = Executor(real_redis)
+    restored = backlog.restore(executor, directory, after, max_value_bytes=MAX, now_ms=7)
+    # Then every entry is back, each in its avatar's partition of the new layout (a
+    # message whose ID another partition's took comes back at a new ID)
+    assert restored.inbound + restored.renumbered == 13 and restored.outbound == 4
+    assert (restored.renumbered > 0) == (restored_into != 4)
+    found = {}
+    for keys in after:
+        for _, fields in real_redis.xrange(keys.inbound):
+            uuid = fields[b"avatar_uuid"].decode()
+            if uuid == "bad":
+                assert keys.partition == 3 % restored_into
+                continue
+            assert partition_of(uuid, restored_into) == keys.partition
+            found[uuid] = fields[b"text"].decode()
+        for _, fields in real_redis.xrange(keys.outbound):
+            assert partition_of(fields[b"avatar_uuid"].decode(), restored_into) == keys.partition
+    assert found == sent

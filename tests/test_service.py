@@ -21,7 +21,7 @@ import psutil
 import pytest
 import redis as redis_py
 
-from gridmem import ConversationConfig, ConversationStore, Limits, TurnView
+from gridmem import ConversationConfig, ConversationStore, Limits, TurnView, service_streams
 from gridmem.embedded import EmbeddedValkey
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
@@ -114,6 +114,8 @@ def _start(
     redis_url: str | None = None,
     persistence: bool = False,
     metrics_port: int | None = None,
+    *,
+    partitions: int = 1,
     **worker: Any,
 ) -> Service:
     worker_settings = {
@@ -129,6 +131,7 @@ def _start(
         "max_retries = 2", "retry_wait_seconds = 0.05", "timeout_seconds = 0.5",
         "[worker]", *(f"{k} = {v!r}".replace("'", '"') for k, v in worker_settings.items()),
         "[conversation]", f"persistence_enabled = {str(persistence).lower()}", "flush_interval_seconds = 1",
+        f"partitions = {partitions}",
         "[conversation.limits]", "max_input_bytes = 4000", "max_text_bytes = 2000", "max_turns_per_session = 1000",
     ]  # fmt: skip
     if redis_url:
@@ -145,8 +148,8 @@ def _start(
     service = Service(process, redis_py.Redis.from_url(url, decode_responses=True), llm, base)
 
     def up() -> bool:
-        try:
-            groups = service.client.xinfo_groups("gm:inbound")
+        try:  # the supervisor makes every partition's group before it starts a worker
+            groups = service.client.xinfo_groups(service_streams("gm", partitions)[-1].inbound)
         except (redis_py.ConnectionError, redis_py.ResponseError, FileNotFoundError):
             return False  # the server or the consumer group is not there yet
         return bool(groups) and len(service.workers()) == worker_settings["processes"]

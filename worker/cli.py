@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from gridmem import __version__
 from gridmem.errors import ConfigError, GridmemError
+from gridmem.partitions import MAX_PARTITIONS
 
 if TYPE_CHECKING:
     from gridmem.config import Settings
@@ -99,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes (default: 2)",
     )
     demo.add_argument("--seed", type=_whole(), default=7, help="random seed (default: 7)")
+    demo.add_argument(
+        "--partitions",
+        type=_whole(least=1, most=MAX_PARTITIONS),
+        default=2,
+        help="stream partitions, as [conversation] partitions (default: 2; docs/streams.md)",
+    )
     return parser
 
 
@@ -139,7 +146,12 @@ def _demo(args: argparse.Namespace) -> int:
         settings = Settings()
         for warning in unknown_environment(os.environ, settings):
             logging.getLogger("gridmem.config").warning("%s", warning)
-        report = run_demo(residents=args.residents, processes=args.processes, seed=args.seed)
+        report = run_demo(
+            residents=args.residents,
+            processes=args.processes,
+            seed=args.seed,
+            partitions=args.partitions,
+        )
     except Exception as exc:
         return _explain("gridmem demo", exc, settings)
     return 1 if report.failures else 0

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 import redis
 
+from gridmem import InvalidAvatarId, partition_of, service_streams
 from gridmem.config import Settings
 from gridmem.records import CHANNEL_TTL_MS, Channel, Event, ReasonCode
 from gridmem.store import ConversationStore
@@ -122,19 +123,27 @@ class DemoReport:
 
 
 class Demo:
-    def __init__(self, residents: int, seed: int, out: TextIO, speed: float = SPEED) -> None:
+    def __init__(
+        self, residents: int, seed: int, out: TextIO, speed: float = SPEED, partitions: int = 1
+    ) -> None:
         self.residents = residents
+        # the streams of each partition (docs/streams.md); a message goes to its
+        # avatar's, as a bridge posts it (gridmem.partition_of)
+        self.partitions = partitions
+        self.streams = service_streams("gm", partitions)
         self.speed = speed
         self.rng = random.Random(seed)
         self.out = out
         self.report = DemoReport(residents=residents)
         self.people = [str(uuid.UUID(int=self.rng.getrandbits(128))) for _ in range(residents)]
         self.plans: list[list[str]] = []  # resident -> the channels it talks on
-        self.sent: dict[str, Sent] = {}  # inbound entry id -> what was sent
-        self.replies: dict[str, dict[str, str]] = {}  # inbound entry id -> outbound fields
+        # Messages are named "<inbound stream> <entry ID>": an entry ID is one stream's, and
+        # two partitions' streams may each give out the same one.
+        self.sent: dict[str, Sent] = {}  # message -> what was sent
+        self.replies: dict[str, dict[str, str]] = {}  # message -> outbound fields
         self.latency_ms: dict[str, float] = {}  # inbound entry id -> until its reply was read
         self.round = 0
-        self._outbound_cursor = "0-0"
+        self._outbound_cursors = {keys.outbound: "0-0" for keys in self.streams}
         self._last_reply_at = 0.0
 
     # -- driving ---------------------------------------------------------------------------
@@ -145,10 +154,20 @@ class Demo:
         if secret:
             words += f" my key is {self.rng.choice(SECRETS)}"
         text = f"{words} [r{resident}/{channel}/{n}]"
-        entry = client.xadd(
-            "gm:inbound", {"avatar_uuid": self.people[resident], "channel": channel, "text": text}
+        uuid = self.people[resident]
+        stream = self._inbound(uuid)
+        entry = client.xadd(stream, {"avatar_uuid": uuid, "channel": channel, "text": text})
+        self.sent[f"{stream} {entry}"] = Sent(
+            resident, channel, time.monotonic(), secret, self.round
         )
-        self.sent[str(entry)] = Sent(resident, channel, time.monotonic(), secret, self.round)
+
+    def _inbound(self, avatar_uuid: str) -> str:
+        """The inbound stream of the avatar's partition; the first one for a bad UUID
+        (it is dead-lettered wherever it is posted)."""
+        try:
+            return self.streams[partition_of(avatar_uuid, self.partitions)].inbound
+        except InvalidAvatarId:
+            return self.streams[0].inbound
 
     def collect(
         self, client: Any, until: int, update: Callable[[int], None], timeout: float = 120
@@ -156,12 +175,15 @@ class Demo:
         """Read outbound replies until `until` entries are answered; `update` gets the count."""
         deadline = time.monotonic() + timeout
         while len(self.replies) < until and time.monotonic() < deadline:
-            found = client.xread({"gm:outbound": self._outbound_cursor}, count=1000, block=200)
+            # every partition's outbound stream in one read: one server, one slot each
+            found = client.xread(self._outbound_cursors, count=1000, block=200)
             now = time.monotonic()
-            for _, entries in found or ():
+            for stream, entries in found or ():
                 for entry_id, fields in entries:
-                    self._outbound_cursor = entry_id
-                    reply_to = fields["in_reply_to"]
+                    self._outbound_cursors[stream] = entry_id
+                    # the reply is on the outbound stream of the avatar's partition, and
+                    # names the entry of that partition's inbound stream
+                    reply_to = f"{self._inbound(fields['avatar_uuid'])} {fields['in_reply_to']}"
                     if reply_to in self.sent and reply_to not in self.replies:
                         self.replies[reply_to] = fields
                         self.latency_ms[reply_to] = (now - self.sent[reply_to].at) * 1000
@@ -196,7 +218,7 @@ class Demo:
         for bad in ({"avatar_uuid": "not-a-uuid", "channel": "im", "text": "x"},
                     {"avatar_uuid": self.people[0], "channel": "group", "text": "x"},
                     {"avatar_uuid": self.people[0], "channel": "im"}):  # fmt: skip
-            client.xadd("gm:inbound", bad)
+            client.xadd(self._inbound(bad["avatar_uuid"]), bad)
             self.report.expected_dead_letters += 1
         self.answer_all(client, "residents talking")
         self.report.burst_seconds = self._last_reply_at - started
@@ -253,7 +275,7 @@ class Demo:
     def check(self, client: Any, store: ConversationStore, llm: LocalChatServer) -> None:
         r = self.report
         r.sent, r.answered = len(self.sent), len(self.replies)
-        r.dead_letters = client.xlen("gm:dead")
+        r.dead_letters = sum(client.xlen(keys.dead) for keys in self.streams)
         for eid, ms in self.latency_ms.items():
             if self.sent[eid].round == 1:
                 r.latencies_ms.append(ms)
@@ -455,6 +477,8 @@ def run_demo(
     seed: int = 7,
     out: TextIO = sys.stdout,
     speed: float = SPEED,
+    *,
+    partitions: int = 2,
 ) -> DemoReport:
     base = Path(tempfile.mkdtemp(prefix="gridmem-demo-", dir="/tmp"))
     llm = LocalChatServer().start()
@@ -466,6 +490,7 @@ def run_demo(
             "sweep_interval_seconds": 1, "clock_speed": speed,
             "clock_origin_ms": time.time_ns() // 1_000_000, "log_level": "WARNING",
         },
+        conversation={"partitions": partitions},
     )  # fmt: skip
     supervisor = Supervisor(settings, handle_signals=False)
     failed: list[Exception] = []
@@ -477,9 +502,10 @@ def run_demo(
             failed.append(exc)
 
     thread = threading.Thread(target=supervise, name="supervisor", daemon=True)
-    demo = Demo(residents, seed, out, speed)
+    demo = Demo(residents, seed, out, speed, partitions)
     out.write(
         f"gridmem demo: private Valkey, {processes} worker processes, {residents} residents, "
+        f"{partitions} stream partitions, "
         f"a local offline-responder endpoint; time runs {speed:g}x\n"
     )
     try:

@@ -60,7 +60,8 @@ from gridmem.clock import Clock, make_clock
 from gridmem.config import Settings, WorkerSettings
 from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
 from gridmem.executor import RETRYABLE
-from gridmem.keys import KeySpace
+from gridmem.keys import KeySpace, ServiceKeys
+from gridmem.partitions import partition_of
 from gridmem.records import AgentReply, AvatarMessage, DeadLetterReason, Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount, KeyStep
@@ -84,6 +85,16 @@ TAKE_COUNT = 100  # inbound entries filed per take_inbound call
 DEAD_MAX_ENTRIES = 10_000  # dead-letter stream, exact MAXLEN
 OUTBOUND_MAX_ENTRIES = 100_000  # outbound stream, approximate MAXLEN
 ORPHAN_SAMPLE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A conversation key (`<uuid>:<channel>`, its mailbox's member) in the partition
+    whose keys file it. The nil UUID's key, where rejected entries are filed, is one
+    per partition."""
+
+    keys: ServiceKeys
+    member: str
 
 
 @dataclass
@@ -182,20 +193,22 @@ class Worker:
         self.settings = settings
         self.name = name or worker_name()
         conversation = settings.conversation
-        self.keys = KeySpace(conversation.namespace, conversation.shards).service()
+        space = KeySpace(conversation.namespace, conversation.shards, conversation.partitions)
+        self.partitions = space.services()
         self.scripts = store.scripts
         self.lease_ms = int(settings.worker.lease_seconds * 1000)
         self.max_attempts = settings.worker.max_attempts
         self.stats: Counter[str] = Counter()
         self._stopping = asyncio.Event()
         self._gate = Gate(settings.worker.concurrency)
-        self._active: dict[str, asyncio.Task[None]] = {}
-        self._recheck: set[str] = set()
+        self._active: dict[Key, asyncio.Task[None]] = {}
+        self._recheck: set[Key] = set()
         # Keys this worker may hold at once: enough to keep every slot busy, few
         # enough that a burst spreads over all workers instead of one taking it all.
         self._max_keys = 2 * settings.worker.concurrency
         self._key_done = asyncio.Event()
-        self._last_seen = "0-0"
+        # one take at a time, so the partitions' readers share the room for keys
+        self._taking = asyncio.Lock()
         # Attempt tokens: random per Worker, so a restarted process (same name, same
         # pid in a container) never passes for the one that died.
         self._token_prefix = secrets.token_hex(6)
@@ -206,75 +219,94 @@ class Worker:
         self._stopping.set()
 
     async def run(self) -> None:
-        await self.store.executor.call(self.scripts.ensure_group(self.keys, group=GROUP))
+        """One reader per partition (each waits on its own stream, so an idle partition
+        holds up no other), one orphan adopter for all; until stop()."""
+        for keys in self.partitions:
+            await self.store.executor.call(self.scripts.ensure_group(keys, group=GROUP))
         orphans = asyncio.create_task(self._adopt_orphans())
+        readers = [asyncio.create_task(self._read(keys)) for keys in self.partitions]
         try:
-            while not self._stopping.is_set():
-                room = self._max_keys - len(self._active)
-                if room <= 0:
-                    self._key_done.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._key_done.wait(), 1.0)
-                    continue
-                try:
-                    taken = await self._take(min(TAKE_COUNT, room))
-                    if not taken:
-                        await self._wait_for_inbound()
-                except RETRYABLE:
-                    log.warning("redis unreachable; retrying")
-                    await self._pause(1.0)
+            await asyncio.gather(*readers)
         finally:
-            orphans.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await orphans
+            for task in (orphans, *readers):
+                task.cancel()
+            await asyncio.gather(orphans, *readers, return_exceptions=True)
             if self._active:
                 await asyncio.gather(*self._active.values(), return_exceptions=True)
 
     # -- taking work ------------------------------------------------------------------
 
-    async def _take(self, count: int) -> int:
-        call = self.scripts.take_inbound(self.keys, group=GROUP, consumer=self.name, count=count)
+    async def _read(self, keys: ServiceKeys) -> None:
+        """Take one partition's new entries while there is room for more keys; when it
+        has none, block on its stream (not on the others': a blocking read of several
+        streams is a cross-slot command on a cluster)."""
+        last_seen = "0-0"
+        while not self._stopping.is_set():
+            room = self._max_keys - len(self._active)
+            if room <= 0:
+                self._key_done.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._key_done.wait(), 1.0)
+                continue
+            try:
+                async with self._taking:
+                    room = self._max_keys - len(self._active)
+                    taken = await self._take(keys, min(TAKE_COUNT, room)) if room > 0 else ""
+                if taken:
+                    last_seen = max(last_seen, taken, key=stream_order)
+                elif room > 0:
+                    last_seen = await self._wait_for_inbound(keys, last_seen)
+            except RETRYABLE:
+                log.warning("redis unreachable; retrying")
+                await self._pause(1.0)
+
+    async def _take(self, keys: ServiceKeys, count: int) -> str:
+        """File up to `count` new entries of one partition; the newest one's ID, or ''."""
+        call = self.scripts.take_inbound(keys, group=GROUP, consumer=self.name, count=count)
         try:
             taken = await self.store.executor.call(call)
         except NoConsumerGroup:
             # the server lost its data (restarted without persistence): start over
-            await self.store.executor.call(self.scripts.ensure_group(self.keys, group=GROUP))
-            return 0
+            await self.store.executor.call(self.scripts.ensure_group(keys, group=GROUP))
+            return ""
         for entry in taken:
-            self._last_seen = max(self._last_seen, entry.entry_id, key=stream_order)
             # an entry without a valid key comes filed under REJECTED_MEMBER, its reason
             # recorded: that key's walk dead-letters it, crash-safe like any other
-            self._start(entry.member)
-        return len(taken)
+            self._start(Key(keys, entry.member))
+        return max((entry.entry_id for entry in taken), key=stream_order, default="")
 
-    async def _wait_for_inbound(self) -> None:
-        """Block (up to a second) until the stream has entries past the last one seen,
-        or until stop(): a stopping worker does not sit out the read."""
+    async def _wait_for_inbound(self, keys: ServiceKeys, last_seen: str) -> str:
+        """Block (up to a second) until the partition's stream has entries past the
+        last one seen, or until stop(): a stopping worker does not sit out the read.
+        The newest entry ID seen."""
         read = asyncio.ensure_future(
             self.store.executor.command(
-                "XREAD", "COUNT", 100, "BLOCK", 1000, "STREAMS", self.keys.inbound, self._last_seen
+                "XREAD", "COUNT", 100, "BLOCK", 1000, "STREAMS", keys.inbound, last_seen
             )
         )
         stopping = asyncio.ensure_future(self._stopping.wait())
-        await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not read.done():
-            read.cancel()  # redis-py drops that connection: its reply is never read
-            with contextlib.suppress(asyncio.CancelledError, *RETRYABLE):
-                await read
-            return
+        try:
+            await asyncio.wait({read, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not read.done():
+                read.cancel()  # redis-py drops that connection: its reply is never read
+                with contextlib.suppress(asyncio.CancelledError, *RETRYABLE):
+                    await read
+        if read.cancelled():
+            return last_seen
         found: Any = read.result()
-        for entry_id in entry_ids(found):
-            self._last_seen = max(self._last_seen, entry_id, key=stream_order)
+        return max([last_seen, *entry_ids(found)], key=stream_order)
 
     async def _adopt_orphans(self) -> None:
-        """Keys whose worker died (lease expired) are picked up here."""
+        """Keys whose worker died (lease expired) are picked up here, in every partition."""
         interval = max(0.5, self.settings.worker.lease_seconds / 3)
         while not self._stopping.is_set():
-            with contextlib.suppress(*RETRYABLE):
-                call = self.scripts.orphaned_keys(self.keys, sample=ORPHAN_SAMPLE)
-                for member in await self.store.executor.call(call):
-                    self._start(member)
+            for keys in self.partitions:
+                with contextlib.suppress(*RETRYABLE):
+                    call = self.scripts.orphaned_keys(keys, sample=ORPHAN_SAMPLE)
+                    for member in await self.store.executor.call(call):
+                        self._start(Key(keys, member))
             await self._pause(interval)
 
     async def _pause(self, seconds: float) -> None:
@@ -284,47 +316,47 @@ class Worker:
 
     # -- one key at a time ----------------------------------------------------------------
 
-    def _start(self, member: str) -> None:
+    def _start(self, key: Key) -> None:
         if self._stopping.is_set():
             return
-        if member in self._active:
-            self._recheck.add(member)  # its task may be just releasing the key
+        if key in self._active:
+            self._recheck.add(key)  # its task may be just releasing the key
             return
-        self._active[member] = asyncio.create_task(self._answer_key(member))
+        self._active[key] = asyncio.create_task(self._answer_key(key))
 
-    async def _answer_key(self, member: str) -> None:
+    async def _answer_key(self, key: Key) -> None:
         try:
-            await self._walk(member)
+            await self._walk(key)
         except RETRYABLE:
             log.warning("redis unreachable while taking a key; its lease will expire")
         except Exception as exc:  # a bug of ours, not of the entry: the lease will expire
             log.error("unexpected %s while answering a key", describe(exc))
         finally:
-            del self._active[member]
+            del self._active[key]
             self._key_done.set()
-            if member in self._recheck:
-                self._recheck.discard(member)
-                self._start(member)
+            if key in self._recheck:
+                self._recheck.discard(key)
+                self._start(key)
 
     def _token(self) -> str:
         """A new name for one attempt at an entry (see begin_attempt.lua)."""
         return f"{self._token_prefix}.{next(self._token_numbers)}"
 
-    async def _walk(self, member: str) -> None:
+    async def _walk(self, key: Key) -> None:
         """Claim the key, then answer its entries oldest first until it is empty."""
         try:
-            step = await self._claim(member)
+            step = await self._claim(key)
         except RETRYABLE:  # the claim may have gone through: claim again once Redis answers
-            step = await self._resume(member, "")
-        renewer = asyncio.create_task(self._renew(member))
+            step = await self._resume(key, "")
+        renewer = asyncio.create_task(self._renew(key))
         try:
             resume = ""
             while step.state == "ok":
-                step, resume = await self._step(member, step, resume)
+                step, resume = await self._step(key, step, resume)
         finally:
             renewer.cancel()
 
-    async def _step(self, member: str, step: KeyStep, resume: str) -> tuple[KeyStep, str]:
+    async def _step(self, key: Key, step: KeyStep, resume: str) -> tuple[KeyStep, str]:
         """Settle the key's head entry, then hand over the next one.
 
         `resume` names this worker's attempt in hand when a connection fault cut it
@@ -334,18 +366,18 @@ class Worker:
         entry_id, hand = step.entry_id, _Hand(resume)
         try:
             if step.rejected:  # a worker decided this before it died: its reason stands
-                await self._dead_letter(entry_id, step.rejected, member=member)
+                await self._dead_letter(entry_id, step.rejected, key=key)
             elif step.attempts >= self.max_attempts:
                 # the earlier attempts ended without a word: their worker died or stalled
-                await self._dead_letter(entry_id, DeadLetterReason.POISON, member=member)
-            elif not await self._settle(member, step, hand):
+                await self._dead_letter(entry_id, DeadLetterReason.POISON, key=key)
+            elif not await self._settle(key, step, hand):
                 return KeyStep("lost"), ""
-            return await self._finish(entry_id, member), ""
+            return await self._finish(entry_id, key), ""
         except RETRYABLE:
             log.warning("redis unreachable during entry %s; resuming it when it answers", entry_id)
-            return await self._resume(member, hand.token), hand.token
+            return await self._resume(key, hand.token), hand.token
 
-    async def _settle(self, member: str, step: KeyStep, hand: _Hand) -> bool:
+    async def _settle(self, key: Key, step: KeyStep, hand: _Hand) -> bool:
         """Attempts at one entry until one answers it or it is dead-lettered poison.
 
         A suspect (an earlier attempt ended without a word: it may kill its process)
@@ -357,7 +389,7 @@ class Worker:
         while True:
             async with self._gate.alone() if suspect else self._gate.shared():
                 token = self._token()
-                count = await self._begin(member, entry_id, token, hand.token, failed)
+                count = await self._begin(key, entry_id, token, hand.token, failed)
                 if count.state != "ok":
                     return False
                 hand.token = token
@@ -369,18 +401,18 @@ class Worker:
                     suspect, failed = True, ""
                     continue
                 else:
-                    answered = await self._attempt(member, entry_id, count.attempts)
+                    answered = await self._attempt(key, entry_id, count.attempts)
             if answered:
                 return True
             if count.attempts >= self.max_attempts:
-                await self._dead_letter(entry_id, DeadLetterReason.POISON, member=member)
+                await self._dead_letter(entry_id, DeadLetterReason.POISON, key=key)
                 return True
             failed, hand.token = token, ""
 
-    async def _attempt(self, member: str, entry_id: str, attempt: int) -> bool:
+    async def _attempt(self, key: Key, entry_id: str, attempt: int) -> bool:
         """Answer one entry. False if that failed (connection faults propagate)."""
         try:
-            await self._answer_entry(member, entry_id)
+            await self._answer_entry(key, entry_id)
         except RETRYABLE:
             raise
         except Exception as exc:
@@ -396,21 +428,21 @@ class Worker:
             return False
         return True
 
-    async def _claim(self, member: str, also: str = "") -> KeyStep:
+    async def _claim(self, key: Key, also: str = "") -> KeyStep:
         step: KeyStep = await self.store.executor.call(
             self.scripts.claim_key(
-                self.keys, member=member, owner=self.name, lease_ms=self.lease_ms, also=also
+                key.keys, member=key.member, owner=self.name, lease_ms=self.lease_ms, also=also
             )
         )
         return step
 
     async def _begin(
-        self, member: str, entry_id: str, token: str, also: str, failed: str
+        self, key: Key, entry_id: str, token: str, also: str, failed: str
     ) -> AttemptCount:
         count: AttemptCount = await self.store.executor.call(
             self.scripts.begin_attempt(
-                self.keys,
-                member=member,
+                key.keys,
+                member=key.member,
                 owner=self.name,
                 entry_id=entry_id,
                 token=token,
@@ -420,7 +452,7 @@ class Worker:
         )
         return count
 
-    async def _resume(self, member: str, earlier: str) -> KeyStep:
+    async def _resume(self, key: Key, earlier: str) -> KeyStep:
         """After a connection fault: once Redis answers, claim the key again.
 
         The claim names the attempt in hand (`earlier`), which has not ended, so the
@@ -432,28 +464,28 @@ class Worker:
         while not self._stopping.is_set():
             await self._pause(delay)
             try:
-                return await self._claim(member, also=earlier)
+                return await self._claim(key, also=earlier)
             except RETRYABLE:
                 delay = min(2 * delay, 5.0)
         return KeyStep("stopped")  # the lease runs out; another worker takes the key
 
-    async def _renew(self, member: str) -> None:
+    async def _renew(self, key: Key) -> None:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             with contextlib.suppress(*RETRYABLE):
                 await self.store.executor.call(
                     self.scripts.renew_lease(
-                        self.keys, member=member, owner=self.name, lease_ms=self.lease_ms
+                        key.keys, member=key.member, owner=self.name, lease_ms=self.lease_ms
                     )
                 )
 
-    async def _finish(self, entry_id: str, member: str) -> KeyStep:
+    async def _finish(self, entry_id: str, key: Key) -> KeyStep:
         step: KeyStep = await self.store.executor.call(
             self.scripts.finish_entry(
-                self.keys,
+                key.keys,
                 group=GROUP,
                 entry_id=entry_id,
-                member=member,
+                member=key.member,
                 owner=self.name,
                 lease_ms=self.lease_ms,
                 release=self._stopping.is_set(),
@@ -461,7 +493,7 @@ class Worker:
         )
         return step
 
-    async def _reject(self, entry_id: str, reason: str, *, member: str) -> None:
+    async def _reject(self, entry_id: str, reason: str, *, key: Key) -> None:
         """Dead-letter an entry of a key this worker holds, the decision written first.
 
         The dead-letter stream is in another cluster slot than the key's mailbox, so
@@ -471,14 +503,14 @@ class Worker:
         the entry with it: not answered, not lost, not retried as poison.
         finish_entry deletes the record with the entry.
         """
-        await self.store.executor.command("HSET", self.keys.rejected, entry_id, reason)
-        await self._dead_letter(entry_id, reason, member=member)
+        await self.store.executor.command("HSET", key.keys.rejected, entry_id, reason)
+        await self._dead_letter(entry_id, reason, key=key)
 
-    async def _dead_letter(self, entry_id: str, reason: str, *, member: str) -> None:
+    async def _dead_letter(self, entry_id: str, reason: str, *, key: Key) -> None:
         """Record the rejection on gm:dead; the caller then finishes the entry."""
         await self.store.executor.call(
             self.scripts.dead_letter(
-                self.keys, entry_id=entry_id, reason=reason, max_entries=DEAD_MAX_ENTRIES
+                key.keys, entry_id=entry_id, reason=reason, max_entries=DEAD_MAX_ENTRIES
             )
         )
         self.stats["dead_lettered"] += 1
@@ -488,34 +520,34 @@ class Worker:
 
     # -- one entry ---------------------------------------------------------------------------
 
-    async def _answer_entry(self, member: str, entry_id: str) -> None:
-        raw = await self.store.executor.call(
-            self.scripts.read_inbound(self.keys, entry_id=entry_id)
-        )
+    async def _answer_entry(self, key: Key, entry_id: str) -> None:
+        raw = await self.store.executor.call(self.scripts.read_inbound(key.keys, entry_id=entry_id))
         limits = self.settings.conversation.limits
         try:
             fields = decode_inbound(raw, limits.max_input_bytes)
             uuid, channel, text = check_inbound(fields, limits.max_input_bytes)
+            if partition_of(uuid, len(self.partitions)) != key.keys.partition:
+                # answered here, its key could be answered in two partitions at once
+                raise Rejected(DeadLetterReason.WRONG_PARTITION)
             recorded = await self.store.record(uuid, channel, AvatarMessage(text=text), entry_id)
         except Rejected as bad:
-            await self._reject(entry_id, bad.reason, member=member)
+            await self._reject(entry_id, bad.reason, key=key)
             return
         except InputTooLarge:
-            await self._reject(entry_id, DeadLetterReason.OVERSIZED, member=member)
+            await self._reject(entry_id, DeadLetterReason.OVERSIZED, key=key)
             return
         except InvalidInput:
-            await self._reject(entry_id, DeadLetterReason.BAD_TEXT, member=member)
+            await self._reject(entry_id, DeadLetterReason.BAD_TEXT, key=key)
             return
         reply_key = f"{entry_id}:reply"
-        if recorded.duplicate and await self._republish(uuid, channel, entry_id, reply_key):
+        if recorded.duplicate and await self._republish(key, uuid, channel, entry_id, reply_key):
             return
         if not recorded.duplicate:
             metrics.RECORDS.labels("avatar_message").inc()
         reply = await self._ask(uuid, channel, await _display_name(fields.get("avatar_name")))
         answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
-        await self._publish(
-            uuid, channel, await self.store.stored_text(reply), entry_id, answered.session_id
-        )
+        text_ = await self.store.stored_text(reply)
+        await self._publish(key, (uuid, channel, text_), entry_id, answered.session_id)
         self.stats["answered"] += 1
         metrics.MESSAGES.labels("failure_notice" if reply == FAILURE_NOTICE else "answered").inc()
 
@@ -559,24 +591,30 @@ class Worker:
             log.warning("LLM unavailable (%s); answering with a failure notice", exc)
             return FAILURE_NOTICE
 
-    async def _republish(self, uuid: str, channel: str, entry_id: str, reply_key: str) -> bool:
+    async def _republish(
+        self, key: Key, uuid: str, channel: str, entry_id: str, reply_key: str
+    ) -> bool:
         """A redelivered entry whose reply was recorded: publish that reply again, once more."""
         receipt = await self.store.receipt(uuid, channel, reply_key)
         if receipt is None:
             return False  # recorded the words, not the reply: answer now
         page = await self.store.read_page(uuid, channel, receipt.seq - 1, "forward", 1)
         if page.turns and page.turns[0].seq == receipt.seq:
-            await self._publish(uuid, channel, page.turns[0].text, entry_id, receipt.session_id)
+            reply = (uuid, channel, page.turns[0].text)
+            await self._publish(key, reply, entry_id, receipt.session_id)
         self.stats["republished"] += 1
         metrics.MESSAGES.labels("republished").inc()
         return True
 
     async def _publish(
-        self, uuid: str, channel: str, text: str, entry_id: str, session_id: str
+        self, key: Key, reply: tuple[str, str, str], entry_id: str, session_id: str
     ) -> None:
+        """A reply (avatar UUID, channel, text) on the outbound stream of the entry's
+        partition (the avatar's)."""
+        uuid, channel, text = reply
         await self.store.executor.call(
             self.scripts.publish_reply(
-                self.keys,
+                key.keys,
                 avatar_uuid=uuid,
                 channel=channel,
                 text_=text,

@@ -194,8 +194,9 @@ class Supervisor:
                 except Exception as exc:  # the file stays for the next start
                     log.error("restoring the stream backlog failed: %s", exc)
         conversation = self.settings.conversation
-        service = KeySpace(conversation.namespace, conversation.shards).service()
-        self.store.executor.call(self.store.scripts.ensure_group(service, group=GROUP))
+        space = KeySpace(conversation.namespace, conversation.shards, conversation.partitions)
+        for service in space.services():
+            self.store.executor.call(self.store.scripts.ensure_group(service, group=GROUP))
         self.store.publish_limits()
 
     def _revive_store(self) -> None:
@@ -338,9 +339,12 @@ class Supervisor:
         if self.embedded is None:
             return 0
         conversation = self.settings.conversation
-        service = KeySpace(conversation.namespace, conversation.shards).service()
+        space = KeySpace(conversation.namespace, conversation.shards, conversation.partitions)
         try:
-            return self.store.executor.call(self.store.scripts.read_backlog(service))
+            return sum(
+                self.store.executor.call(self.store.scripts.read_backlog(service))
+                for service in space.services()
+            )
         except Exception:  # the stop goes on; the count only feeds a warning
             return 0
 
