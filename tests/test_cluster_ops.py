@@ -135,7 +135,7 @@ def test_cluster_check_counts_each_primarys_sessions(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("GRIDMEM_CONVERSATION__SHARDS", str(SHARDS))
-    assert main(["cluster-check", "--url", cluster.url]) == 0
+    assert main(["cluster-check", "--url", cluster.url, "--by-shard"]) == 0
     out = capsys.readouterr().out
     assert "16,384 of 16,384 slots served" in out and "NOT SERVED" not in out
     indexes = [shard.sessions for shard in KeySpace("gm", SHARDS).all_shards()]
@@ -148,6 +148,14 @@ def test_cluster_check_counts_each_primarys_sessions(
         replicas = ",".join(f"127.0.0.1:{r}" for r in cluster.replicas_of(port))
         assert row[1] == "ok" and row[4] == replicas and row[6] == str(sessions), (row, out)
     assert f"store 'gm': {total} sessions in {SHARDS} shards" in out
+    # --by-shard: each shard on the one primary that answers for its index
+    shard_rows = out.split("\nshard ")[1].splitlines()[1:]
+    assert len(shard_rows) == SHARDS
+    for row, key in zip(shard_rows, indexes, strict=True):
+        _, prefix, slot, primary, sessions = row.split()
+        [(port, held)] = held_by_primary(cluster, [key]).items()
+        assert key.startswith(prefix) and primary == f"127.0.0.1:{port}" and int(sessions) == held
+        assert int(slot) == int(cluster.client().cluster_keyslot(key))
 
 
 @pytest.mark.real

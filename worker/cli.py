@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--url",
         help="a node of the cluster, redis://[user:password@]host:port (default: [redis] url)",
     )
+    check.add_argument(
+        "--by-shard",
+        action="store_true",
+        help="also list each shard: its key prefix, the slot of its hash tag, the primary "
+        "serving it and its sessions (which slots to move when resharding)",
+    )
     return parser
 
 
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         return _demo(args)
     if args.command == "cluster-check":
-        return _cluster_check(args.config, args.url)
+        return _cluster_check(args.config, args.url, by_shard=args.by_shard)
     parser.print_help()
     return 2
 
@@ -166,7 +172,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
-def _cluster_check(config: Path | None, url: str | None) -> int:
+def _cluster_check(config: Path | None, url: str | None, *, by_shard: bool) -> int:
     from gridmem.config import RedisSettings, Settings
     from gridmem.keys import KeySpace
     from worker.cluster_check import run
@@ -182,9 +188,8 @@ def _cluster_check(config: Path | None, url: str | None) -> int:
                 "(GRIDMEM_REDIS__URL) or pass --url; the private Valkey is a single server"
             )
         conversation = settings.conversation
-        status, report = run(
-            settings.redis.url, KeySpace(conversation.namespace, conversation.shards)
-        )
+        keys = KeySpace(conversation.namespace, conversation.shards)
+        status, report = run(settings.redis.url, keys, by_shard=by_shard)
     except Exception as exc:
         return _explain("gridmem cluster-check", exc, settings)
     print(report)

@@ -116,6 +116,17 @@ class PrimaryShare:
 
 
 @dataclass
+class ShardPlace:
+    """Where one shard lives: the slot of its hash tag and the primary serving it."""
+
+    shard: int
+    prefix: str  # its keys' prefix, hash tag included (gm:{0}:)
+    slot: int
+    primary: str | None  # its address; None: nobody serves the slot
+    sessions: int | None  # None: not counted
+
+
+@dataclass
 class ClusterReport:
     seen_from: str  # the node asked, as said to a person (no password)
     cluster_state: str
@@ -123,8 +134,13 @@ class ClusterReport:
     unserved: list[tuple[int, int]]  # slot ranges no healthy primary serves
     namespace: str
     shards: int
-    unserved_shards: int = 0  # shards whose slot nobody serves: their sessions are unknown
+    places: list[ShardPlace] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def unserved_shards(self) -> int:
+        """Shards whose slot nobody serves: their sessions are unknown."""
+        return sum(1 for place in self.places if place.primary is None)
 
     @property
     def unserved_count(self) -> int:
@@ -215,10 +231,13 @@ def _count_sessions(
     clients: dict[str, redis.Redis] = {}
     try:
         for shard in keys.all_shards():
-            node = owner[key_slot(shard.sessions.encode())]
+            slot = key_slot(shard.sessions.encode())
+            node = owner[slot]
+            place = ShardPlace(shard.shard, keys.prefix(shard.shard), slot, None, None)
+            report.places.append(place)
             if node is None:
-                report.unserved_shards += 1
                 continue
+            place.primary = node.address
             share = shares[node.node_id]
             share.shards += 1
             if share.sessions is None:
@@ -226,7 +245,8 @@ def _count_sessions(
             try:
                 if node.address not in clients:
                     clients[node.address] = connect(node.address)
-                share.sessions += int(clients[node.address].zcard(shard.sessions))
+                place.sessions = int(clients[node.address].zcard(shard.sessions))
+                share.sessions += place.sessions
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 # unreachable, or refusing (CLUSTERDOWN: it sees part of the cluster down)
                 share.sessions = None
@@ -236,8 +256,9 @@ def _count_sessions(
             client.close()
 
 
-def render(report: ClusterReport) -> str:
-    """The report as a person reads it: a summary line, a table, what is wrong."""
+def render(report: ClusterReport, by_shard: bool = False) -> str:
+    """The report as a person reads it: a summary line, a table, what is wrong; with
+    `by_shard`, a second table: each shard's slot and primary (to plan a reshard)."""
     served = SLOTS - report.unserved_count
     lines = [
         f"cluster seen from {report.seen_from}: cluster_state {report.cluster_state}, "
@@ -276,6 +297,18 @@ def render(report: ClusterReport) -> str:
     if report.unserved_shards:
         summary += f" ({report.unserved_shards} of them on slots nobody serves: not counted)"
     lines.append(summary)
+    if by_shard:
+        shard_rows = [
+            [
+                str(place.shard),
+                place.prefix,
+                str(place.slot),
+                place.primary or "NOBODY",
+                "?" if place.sessions is None else f"{place.sessions:,}",
+            ]
+            for place in report.places
+        ]
+        lines.append(_table(["shard", "keys", "slot", "primary", "sessions"], shard_rows))
     if report.unserved:
         lines.append(
             f"NOT SERVED: {report.unserved_count:,} slots ({ranges_text(report.unserved, 8)}): "
@@ -299,7 +332,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def run(url: str, keys: KeySpace) -> tuple[int, str]:
+def run(url: str, keys: KeySpace, *, by_shard: bool = False) -> tuple[int, str]:
     """(exit status, report) for the cluster of the node at `url`: 0 when every slot
     is served and every primary answered, else 1."""
     seed = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
@@ -322,4 +355,4 @@ def run(url: str, keys: KeySpace) -> tuple[int, str]:
         report = check(seed, redacted_url(url), keys, connect)
     finally:
         seed.close()
-    return (0 if report.healthy else 1), render(report)
+    return (0 if report.healthy else 1), render(report, by_shard)
