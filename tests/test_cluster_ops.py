@@ -24,6 +24,7 @@ from gridmem.embedded import EmbeddedCluster, EmbeddedValkey, cli_binary
 from gridmem.keys import KeySpace
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
+from tests.test_operator_cli import _acl_recipes
 from worker.cli import main
 from worker.cluster_check import SLOTS, owners, parse_nodes, ranges
 
@@ -125,6 +126,26 @@ def test_without_cluster_mode_the_cli_says_to_add_it(
     assert "MOVED" in refused.stderr and "add --cluster" in refused.stderr, refused.stderr
     typo = gm(cluster, "stats", GRIDMEM_REDIS__CLUSTER="ture")
     assert typo.returncode == 2 and "GRIDMEM_REDIS__CLUSTER" in typo.stderr
+
+
+@pytest.mark.real
+def test_the_documented_viewer_works_on_the_cluster(
+    cluster: EmbeddedCluster, store: ConversationStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/operations.md: ACL users are per node, created on every node with
+    `valkey-cli --cluster call`; the viewer then lists sessions through --cluster
+    (redirected connections log in as it too) and runs cluster-check."""
+    words = [w.replace("CHANGE-ME", "pw-view") for w in _acl_recipes()["gridmem-viewer"]]
+    call = [cli_binary(), "--cluster", "call", f"127.0.0.1:{cluster.ports[0]}", "ACL", "SETUSER"]
+    made = subprocess.run([*call, *words], capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stdout + made.stderr
+    viewer = f"redis://gridmem-viewer:pw-view@127.0.0.1:{cluster.ports[0]}"
+    listed = gm(cluster, "--url", viewer, "--cluster", "sessions", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["items"]) >= 2 * len(RESIDENTS) - 1
+    refused = gm(cluster, "--url", viewer, "-c", "transcript", RESIDENTS[5], "im", "--show-content")
+    assert refused.returncode == 1 and MARK not in refused.stdout
+    assert main(["cluster-check", "--url", viewer]) == 0, capsys.readouterr()
 
 
 @pytest.mark.real
