@@ -30,7 +30,7 @@ from worker.cluster_check import SLOTS, owners, parse_nodes, ranges
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "bin" / "gridmem-cli"
-SHARDS = 4  # tags {0}..{3}: slots 13907, 9842, 5649, 1584, on all three primaries
+SHARDS = 4  # their tags' slots fall on all three primaries (each primary serves one or more)
 RESIDENTS = [avatar(n) for n in range(12)]
 MARK = "GUAVA-MARKER"
 
