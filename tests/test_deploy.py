@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import configparser
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +57,18 @@ def test_empty_environment_values_mean_unset(monkeypatch: Any) -> None:
 
 
 def test_dockerfile_installs_the_package_and_serves() -> None:
+    """Regression: the image copied worker/ and lua/ but not gridmem/ or bin/, which the
+    wheel is built from (`pip install .` could not build it): every path the wheel
+    takes is copied before the install."""
     text = (ROOT / "Dockerfile").read_text()
-    assert (
-        "pip install" in text
-        and "COPY lua" in text
-        and '"serve"' in text
-        and "USER gridmem" in text
-    )
+    assert '"serve"' in text and "USER gridmem" in text
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    wheel = wheel["targets"]["wheel"]
+    sources = {*wheel["packages"], *(path.split("/")[0] for path in wheel["force-include"])}
+    copied = set(re.findall(r"^COPY (\S+) ", text, re.MULTILINE))
+    assert sources <= copied, sources - copied
+    install = text.index("pip install")
+    assert all(text.index(f"COPY {source} ") < install for source in sources)
 
 
 def test_example_config_loads_and_documents_the_defaults() -> None:

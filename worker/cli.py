@@ -106,6 +106,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="stream partitions, as [conversation] partitions (default: 2; docs/streams.md)",
     )
+
+    check = commands.add_parser(
+        "cluster-check",
+        help="slot coverage of a Valkey/Redis Cluster and each primary's share of sessions",
+        description="Ask one node of the cluster ([redis] url, GRIDMEM_REDIS__URL, or --url) "
+        "for its view (CLUSTER NODES) and print: whether all 16,384 hash slots are served, "
+        "by which primaries (slot ranges, replicas, state), and how many of the store's "
+        "sessions each primary holds (each shard's session index, counted on the primary "
+        "that owns the slot of the shard's hash tag; namespace and shards from "
+        "[conversation]). Exit status: 0 every slot served and every primary answered, "
+        "1 a slot no primary serves (its keys can be neither read nor written), a failed "
+        "primary, or a server not answering, 2 a setting to change (no URL, a URL of a "
+        "single server). Read-only: it sends CLUSTER INFO, CLUSTER NODES and ZCARD.",
+    )
+    check.add_argument("--config", type=Path, help="TOML settings file (see gridmem.example.toml)")
+    check.add_argument(
+        "--url",
+        help="a node of the cluster, redis://[user:password@]host:port (default: [redis] url)",
+    )
+    check.add_argument(
+        "--by-shard",
+        action="store_true",
+        help="also list each shard: its key prefix, the slot of its hash tag, the primary "
+        "serving it and its sessions (which slots to move when resharding)",
+    )
     return parser
 
 
@@ -116,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args.config)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "cluster-check":
+        return _cluster_check(args.config, args.url, by_shard=args.by_shard)
     parser.print_help()
     return 2
 
@@ -155,6 +182,30 @@ def _demo(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _explain("gridmem demo", exc, settings)
     return 1 if report.failures else 0
+
+
+def _cluster_check(config: Path | None, url: str | None, *, by_shard: bool) -> int:
+    from gridmem.config import RedisSettings, Settings
+    from gridmem.keys import KeySpace
+    from worker.cluster_check import run
+
+    settings: Settings | None = None
+    try:
+        settings = Settings.load(config)
+        if url is not None:  # checked as the setting is, and named in its messages
+            settings = settings.model_copy(update={"redis": RedisSettings(url=url)})
+        if settings.redis.url is None:
+            raise ConfigError(
+                "cluster-check needs a node of the cluster: set [redis] url "
+                "(GRIDMEM_REDIS__URL) or pass --url; the private Valkey is a single server"
+            )
+        conversation = settings.conversation
+        keys = KeySpace(conversation.namespace, conversation.shards)
+        status, report = run(settings.redis.url, keys, by_shard=by_shard)
+    except Exception as exc:
+        return _explain("gridmem cluster-check", exc, settings)
+    print(report)
+    return status
 
 
 # -- what went wrong, in one line ------------------------------------------------------------
