@@ -223,6 +223,11 @@ def test_a_failover_is_followed_by_both_calls_and_reads(
     session, _ = KeySpace("gm", SHARDS).session(who, Channel.IM)
     store.record(who, Channel.IM, AvatarMessage(text="before"))
     store.context(who, Channel.IM)  # the client knows the old primary
+    loop = asyncio.new_event_loop()
+    door = AsyncConversationStore(
+        connect_cluster_async(cluster.url), store.config, clock=store.clock
+    )
+    assert len(loop.run_until_complete(door.context(who, Channel.IM))) == 1  # the async one too
     old = node_of_slot(cluster)[slot(session.meta)]
     replica = cluster.replicas_of(old)[0]
     # Given the replica takes over, and replicated the session
@@ -234,7 +239,15 @@ def test_a_failover_is_followed_by_both_calls_and_reads(
     assert [m.content for m in store.context(who, Channel.IM)] == ["before"]
     store.record(who, Channel.IM, AvatarMessage(text="after"))  # no idempotency key
     assert [m.content for m in store.context(who, Channel.IM)] == ["before", "after"]
-    assert on_node(cluster, replica, "ZCARD", session.turns) == 2
+    # and through the async door: its read resent, its FCALL redirected
+    try:
+        seen = loop.run_until_complete(door.context(who, Channel.IM))
+        assert [m.content for m in seen] == ["before", "after"]
+        loop.run_until_complete(door.record(who, Channel.IM, AvatarMessage(text="async")))
+    finally:
+        loop.run_until_complete(door.aclose())
+        loop.close()
+    assert on_node(cluster, replica, "ZCARD", session.turns) == 3
 
 
 def load(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
