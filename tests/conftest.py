@@ -108,7 +108,8 @@ BACKENDS = [pytest.param("fake", marks=pytest.mark.fake)] + [
 # real 3-primary, 3-replica Valkey Cluster the suite starts (one per xdist worker that
 # runs such a test), through redis-py's cluster clients. Only the modules that prove
 # the store's contract there are marked (docs/scaling.md); the subset runs on other
-# Pythons (CI_SUBSET) leave it out, as they leave out redis-server.
+# Pythons (CI_SUBSET) leave it out, as they leave out redis-server (tests/test_cluster.py,
+# which uses the cluster itself, runs there too: the routing is Python).
 CLUSTER = "cluster"
 NO_RETRY = Retry(NoBackoff(), 0)  # as gridmem.connect_cluster builds its clients
 CLUSTER_BACKENDS = (
