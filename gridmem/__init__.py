@@ -31,7 +31,14 @@ from gridmem.records import (
     TurnView,
 )
 from gridmem.snapshots import RestoreReport, SnapshotError, SnapshotInfo
-from gridmem.store import AsyncConversationStore, ConversationStore, connect, connect_async
+from gridmem.store import (
+    AsyncConversationStore,
+    ConversationStore,
+    connect,
+    connect_async,
+    connect_cluster,
+    connect_cluster_async,
+)
 
 __version__ = "0.1.0"
 
@@ -73,6 +80,8 @@ __all__ = [
     "__version__",
     "connect",
     "connect_async",
+    "connect_cluster",
+    "connect_cluster_async",
     "partition_of",
     "service_streams",
 ]

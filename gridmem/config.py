@@ -278,14 +278,34 @@ def _redis_url(url: str | None) -> str | None:
     return url
 
 
+# What `[redis] durability` may say (docs/scaling.md): "none", Redis's own asynchronous
+# replication; "replica", every state change waits for one replica (WAIT).
+Durability = Literal["none", "replica"]
+
+
 class RedisSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # None: the supervisor starts a private Valkey under storage_path.
     url: str | None = None
+    # True: `url` names one node of a Redis / Valkey Cluster, and the stores and the
+    # service use a cluster client (gridmem.store.connect_cluster); docs/scaling.md.
+    cluster: bool = False
+    durability: Durability = "none"
 
     _url = field_validator("url", mode="before")(_blank_is_none)
     _url_scheme = field_validator("url")(_redis_url)
+
+    @model_validator(mode="after")
+    def _cluster_needs_a_node_url(self) -> RedisSettings:
+        """A cluster is reached over TCP: the private Valkey is one node, and redis-py's
+        cluster client speaks no Unix socket."""
+        if self.cluster and (self.url is None or self.url.lower().startswith("unix://")):
+            raise ValueError(
+                "cluster = true needs a url of one cluster node, redis://host:port or "
+                "rediss://host:port (the private Valkey is a single node)"
+            )
+        return self
 
 
 _HTTP_URL_SHAPE = (

@@ -20,6 +20,27 @@ The replies of MULTI/EXEC differ by executor: the sync one reads them raw (its
 own MULTI/EXEC), the async one through redis-py's pipeline, which applies its
 reply callbacks (HGETALL as a dict); a call's parse takes both.
 
+Either executor takes a plain client or a cluster client (`redis.cluster.RedisCluster`,
+`redis.asyncio.cluster.RedisCluster`; `connect_cluster` in gridmem/store.py). On a
+cluster, every call goes to the primary owning its slot, found here, never by
+redis-py (docs/scaling.md):
+
+- an FCALL goes to the primary of its first key's slot (all its keys share the
+  shard's hash tag), named as the target node: redis-py would otherwise ask the
+  server for the keys of every FCALL (COMMAND GETKEYS, a round trip each). A
+  MOVED or ASK reply is followed by redis-py (the server ran nothing), and the
+  function library is loaded on the node that lacks it, whichever it is now (a
+  new primary, a replica promoted after a failover).
+- a MULTI/EXEC (a ReadCall, a CommandCall of several commands) runs on the
+  connection pool of the primary owning its first command's key (the first
+  argument after the command name: true of every transaction gridmem sends);
+  a MOVED or ASK reply there refreshes the slot map and is raised as `Rerouted`.
+- a lone plain command (a CommandCall of one, `command`) is routed by redis-py.
+
+Faults of a cluster in a failover (a node down, CLUSTERDOWN, a slot not covered,
+`Rerouted`) are connection faults: retried with backoff for idempotent calls and
+reads, raised to the caller for the others, like a single node's.
+
 The store doors (gridmem/store.py), the service's inbound queue and the
 supervisor (worker/) and snapshots (driven by the doors) all send through here.
 A closed executor refuses every call with StoreClosed before a command is sent.
@@ -27,13 +48,25 @@ A closed executor refuses every call with StoreClosed before a command is sent.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import hiredis
 import redis
 import redis.asyncio as redis_async
+import redis.asyncio.cluster as async_cluster
+import redis.cluster
 import tenacity
+from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    RedisClusterException,
+    SlotNotCoveredError,
+)
 
 from gridmem.errors import StoreClosed, script_error_from_reply
 from gridmem.replies import CommandCall, ReadCall, ScriptCall
@@ -42,8 +75,25 @@ T = TypeVar("T")
 
 Commands = tuple[tuple[Any, ...], ...]
 
-# Connection faults of idempotent calls are retried with backoff; nothing else is.
-RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+class Rerouted(redis.ConnectionError):
+    """A transaction sent to a node that no longer owns its slot (MOVED or ASK: the
+    server ran none of it). The slot map is refreshed; resending goes to the owner."""
+
+
+# Connection faults of idempotent calls are retried with backoff; nothing else is. On a
+# cluster, so are the faults of a failover: the slot's primary is down, or not yet
+# replaced (CLUSTERDOWN, MASTERDOWN, a slot no node covers), or it moved (Rerouted).
+RETRYABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    MasterDownError,
+    SlotNotCoveredError,
+)
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis_async.Redis | async_cluster.RedisCluster
 
 _MULTI = hiredis.pack_command(("MULTI",))
 _EXEC = hiredis.pack_command(("EXEC",))
@@ -78,6 +128,16 @@ def fcall_command(call: ScriptCall[Any]) -> tuple[Any, ...]:
     return ("FCALL", call.script.function, len(call.keys), *call.keys, *call.args)
 
 
+def slot_of(key: Any) -> int:
+    """A key's cluster slot (of its hash tag): where every call naming it must go."""
+    return key_slot(key.encode("utf-8") if isinstance(key, str) else bytes(key))
+
+
+def transaction_slot(commands: Commands) -> int:
+    """The slot of a MULTI/EXEC: its first command's key, the argument after the name."""
+    return slot_of(commands[0][1])
+
+
 Call = ScriptCall[T] | ReadCall[T] | CommandCall[T]
 
 
@@ -100,10 +160,13 @@ def _raise_errors(replies: list[Any]) -> list[Any]:
 
 
 class Executor:
-    """Sends commands over a blocking redis-py client (built with its retries off)."""
+    """Sends commands over a blocking redis-py client, plain or cluster (built with
+    redis-py's retries off: connect, connect_cluster)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: SyncClient) -> None:
         self.client = client
+        # the cluster client when there is one: its calls are routed here (module docstring)
+        self.cluster = client if isinstance(client, redis.cluster.RedisCluster) else None
         self.closed = False
         self._retrying = tenacity.Retrying(**retry_policy())
 
@@ -139,9 +202,15 @@ class Executor:
         return self._send(*args)
 
     def close(self) -> None:
-        """Close the client; every call after this raises StoreClosed."""
+        """Close the client; every call after this raises StoreClosed. A cluster
+        client's close leaves its nodes' pools connected: they are closed too."""
         self.closed = True
         self.client.close()
+        if self.cluster is not None:
+            cluster: Any = self.cluster  # redis-py leaves its cluster methods untyped
+            for node in cluster.get_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
 
     def _send(self, *args: Any) -> Any:
         client: Any = self.client  # redis-py leaves execute_command untyped
@@ -171,17 +240,41 @@ class Executor:
         Sent with execute_command rather than redis-py's fcall(): the hot path
         then builds no extra tuples."""
         command = fcall_command(call)
+        if self.cluster is not None:
+            return self._fcall_cluster(self.cluster, call, command)
         try:
             return self._send(*command)
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
-            try:
-                self._send("FUNCTION", "LOAD", call.script.library.code)
-            except redis.ResponseError as load_error:
-                if not is_library_present(load_error):
-                    raise
+            self._load(call, self._send)
             return self._send(*command)
+
+    def _fcall_cluster(self, cluster: Any, call: ScriptCall[Any], command: tuple[Any, ...]) -> Any:
+        """FCALL on the primary of its keys' slot. redis-py follows a MOVED or ASK (the
+        slot moved, in a failover: nothing ran) and updates its slot map; the node
+        lacking the library is the slot's primary as that map says after the miss."""
+        slot = slot_of(call.keys[0])
+        try:
+            return cluster.execute_command(*command, target_nodes=self._primary(cluster, slot))
+        except redis.ResponseError as exc:
+            if not is_function_missing(exc):
+                raise
+            node = self._primary(cluster, slot)
+            self._load(call, lambda *args: cluster.execute_command(*args, target_nodes=node))
+            return cluster.execute_command(*command, target_nodes=node)
+
+    @staticmethod
+    def _primary(cluster: redis.cluster.RedisCluster, slot: int) -> Any:
+        return cluster.nodes_manager.get_node_from_slot(slot)
+
+    @staticmethod
+    def _load(call: ScriptCall[Any], send: Callable[..., Any]) -> None:
+        try:
+            send("FUNCTION", "LOAD", call.script.library.code)
+        except redis.ResponseError as load_error:
+            if not is_library_present(load_error):
+                raise
 
     def _transaction(self, commands: Commands) -> list[Any]:
         """MULTI + commands + EXEC packed by hiredis and sent in one write.
@@ -189,10 +282,29 @@ class Executor:
         redis-py's Pipeline does the same with more Python per call: in one
         measured run its read came to 0.83x a hand-written list's, this one to
         0.99x (docs/architecture.md). The commands are keys and integers only:
-        nothing for redis-py's encoder to do.
+        nothing for redis-py's encoder to do. On a cluster it runs on the slot's
+        primary, through that node's own client and pool.
         """
+        if self.cluster is None:
+            return self._exec(self.client, commands)
+        cluster = self.cluster
+        node = self._primary(cluster, transaction_slot(commands))
+        try:
+            return self._exec(cluster.get_redis_connection(node), commands)
+        except AskError as moved:  # MOVED too (a subclass)
+            if isinstance(moved, MovedError):
+                cluster.nodes_manager.move_slot(moved)
+            raise _rerouted(moved) from None
+        except (redis.ConnectionError, redis.TimeoutError):
+            # the next call reads the slot map anew (redis-py's own way after a fault);
+            # a cluster that cannot answer it now is asked again then
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                cluster.nodes_manager.initialize()
+            raise
+
+    @staticmethod
+    def _exec(client: Any, commands: Commands) -> list[Any]:
         packed = b"".join([_MULTI, *[hiredis.pack_command(c) for c in commands], _EXEC])
-        client: Any = self.client
         own = client.connection  # set for single_connection_client=True
         conn = own or client.connection_pool.get_connection()
         try:  # inline, not a context manager: this is the hot read's whole Python cost
@@ -209,15 +321,25 @@ class Executor:
         return _raise_errors(replies)
 
 
-class AsyncExecutor:
-    """Executor for asyncio: the same calls as coroutines over `redis.asyncio`.
+def _rerouted(redirect: AskError) -> Rerouted:
+    """MOVED (the slot map now says where the slot went) or ASK (a slot migrating:
+    the map is not changed, and resending waits until the migration is done)."""
+    return Rerouted(f"slot {redirect.slot_id} is served by {redirect.node_addr}")
 
-    Its MULTI/EXEC goes through redis-py's pipeline: the service is not bound by a
-    read's Python cost (an LLM call follows every one).
+
+class AsyncExecutor:
+    """Executor for asyncio: the same calls as coroutines over `redis.asyncio`, plain
+    or cluster.
+
+    Its single-node MULTI/EXEC goes through redis-py's pipeline: the service is not
+    bound by a read's Python cost (an LLM call follows every one). On a cluster it
+    is written to a connection of the slot's primary (redis-py's cluster pipeline
+    would do it on a throwaway event loop).
     """
 
-    def __init__(self, client: redis_async.Redis) -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self.client = client
+        self.cluster = client if isinstance(client, async_cluster.RedisCluster) else None
         self.closed = False
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
 
@@ -257,7 +379,7 @@ class AsyncExecutor:
         return await self._send(*args)
 
     async def aclose(self) -> None:
-        """As Executor.close."""
+        """As Executor.close (a cluster client's aclose disconnects every node)."""
         self.closed = True
         await self.client.aclose()
 
@@ -287,21 +409,86 @@ class AsyncExecutor:
     async def _fcall(self, call: ScriptCall[Any]) -> Any:
         """As Executor._fcall."""
         command = fcall_command(call)
+        if self.cluster is not None:
+            return await self._fcall_cluster(self.cluster, call, command)
         try:
             return await self._send(*command)
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
-            try:
-                await self._send("FUNCTION", "LOAD", call.script.library.code)
-            except redis.ResponseError as load_error:
-                if not is_library_present(load_error):
-                    raise
+            await self._load(call, self._send)
             return await self._send(*command)
 
+    async def _fcall_cluster(
+        self, cluster: async_cluster.RedisCluster, call: ScriptCall[Any], command: tuple[Any, ...]
+    ) -> Any:
+        """As Executor._fcall_cluster."""
+        slot = slot_of(call.keys[0])
+        try:
+            node = await self._primary(cluster, slot)
+            return await cluster.execute_command(*command, target_nodes=node)
+        except redis.ResponseError as exc:
+            if not is_function_missing(exc):
+                raise
+            node = await self._primary(cluster, slot)
+
+            async def on_node(*args: Any) -> Any:
+                return await cluster.execute_command(*args, target_nodes=node)
+
+            await self._load(call, on_node)
+            return await on_node(*command)
+
+    @staticmethod
+    async def _primary(cluster: async_cluster.RedisCluster, slot: int) -> Any:
+        """The slot's primary; the slot map is read first if the client has none yet
+        (a new client, or one a connection fault made forget it)."""
+        await cluster.initialize()
+        return cluster.nodes_manager.get_node_from_slot(slot)
+
+    @staticmethod
+    async def _load(call: ScriptCall[Any], send: Callable[..., Awaitable[Any]]) -> None:
+        try:
+            await send("FUNCTION", "LOAD", call.script.library.code)
+        except redis.ResponseError as load_error:
+            if not is_library_present(load_error):
+                raise
+
     async def _transaction(self, commands: Commands) -> list[Any]:
+        if self.cluster is not None:
+            return await self._transaction_cluster(self.cluster, commands)
         pipe: Any = self.client.pipeline(transaction=True)
         for command in commands:
             pipe.execute_command(*command)
         replies: list[Any] = await pipe.execute()
         return replies
+
+    async def _transaction_cluster(
+        self, cluster: async_cluster.RedisCluster, commands: Commands
+    ) -> list[Any]:
+        """As Executor._transaction on a cluster: MULTI + commands + EXEC in one write on
+        a connection of the slot's primary, its replies read raw (no reply callbacks,
+        as the sync executor's)."""
+        node = await self._primary(cluster, transaction_slot(commands))
+        packed = b"".join([_MULTI, *[hiredis.pack_command(c) for c in commands], _EXEC])
+        conn = node.acquire_connection()
+        try:
+            await conn.send_packed_command([packed])
+            for _ in range(len(commands) + 1):  # +OK, then +QUEUED per command
+                await conn.read_response()
+            replies: list[Any] = await conn.read_response()
+        except AskError as moved:  # MOVED too (a subclass)
+            await conn.disconnect()
+            if isinstance(moved, MovedError):
+                await cluster.nodes_manager.move_slot(moved)
+            raise _rerouted(moved) from None
+        except (redis.ConnectionError, redis.TimeoutError):
+            await conn.disconnect()
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                await cluster.nodes_manager.initialize()
+            raise
+        except BaseException:
+            await conn.disconnect()  # dropped, never reused with replies unread
+            raise
+        finally:
+            node.release(conn)
+        return _raise_errors(replies)

@@ -30,18 +30,25 @@ Layout (namespace "gm", shard 0):
     gm:{<tag p>}:inbound, :outbound, :dead, :ready, :mbox:<uuid>:<ch>, :owner:<uuid>:<ch>,
     :attempts, :rejected: all of one partition in one cluster slot.
 
-The `{N}` hash tag puts a session's keys and its shard's indexes in one Redis
-Cluster slot, so every script touches one slot. Both channels of an avatar
-live in the same shard. lua/lib.lua rebuilds a session's key names from an
-index member for expiry/eviction victims, from SESSION_PARTS (in the prelude).
+The `{0}` is the shard's hash tag (`shard_tags`): it puts a session's keys and
+its shard's indexes in one Redis Cluster slot, so every script touches one slot,
+and with N shards the N tags' slots spread evenly over the 16,384 (one shard's
+tag is `0`, as above; with 16 shards `0-4`, `1-3`, `2-43`, ...). Both
+channels of an avatar live in the same shard. lua/lib.lua rebuilds a session's
+key names from an index member for expiry/eviction victims, from SESSION_PARTS
+(in the prelude).
 """
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import functools
+import itertools
 import zlib
 from dataclasses import dataclass
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from gridmem.partitions import partition_of, partition_tags
 from gridmem.records import Channel
@@ -59,6 +66,32 @@ SHARD_PARTS: tuple[str, ...] = (
     "events",
     "stats",
 )
+
+
+@functools.cache
+def shard_tags(shards: int) -> tuple[str, ...]:
+    """The hash tag of each of `shards` shards, chosen so their slots spread evenly.
+
+    Shard i of N owns the slot range [floor(i x 16384 / N), floor((i + 1) x 16384 / N));
+    its tag is the first of `i`, `i-1`, `i-2`, ... whose Redis Cluster slot (CRC16
+    XMODEM of the tag, mod 16384) lies in that range. So a cluster whose primaries
+    own equal slot ranges owns equal numbers of shards (give or take one), and a
+    one-shard store keeps the tag `0`. The rule is docs/scaling.md's; a tool in
+    another language finds the same tags (or reads them from the published layout).
+    """
+    return tuple(_shard_tag(i, shards) for i in range(shards))
+
+
+def _shard_tag(shard: int, shards: int) -> str:
+    """Found in about 16384 / range-width tries: 1,024 shards take ~0.3 s, once a process."""
+    low = shard * REDIS_CLUSTER_HASH_SLOTS // shards
+    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+    for n in itertools.count():
+        tag = f"{shard}-{n}" if n else str(shard)
+        # a tag holds no brace, so its slot is the CRC of the whole (redis.crc.key_slot)
+        if low <= binascii.crc_hqx(tag.encode("ascii"), 0) % REDIS_CLUSTER_HASH_SLOTS < high:
+            return tag
+    raise AssertionError("unreachable: itertools.count() never ends")
 
 
 def session_member(avatar_uuid: str, channel: Channel) -> str:
@@ -148,6 +181,7 @@ class KeySpace:
         self.shards = shards
         self.partitions = partitions
         self._service_keys = tuple(self._build_service(p) for p in range(partitions))
+        self.tags = shard_tags(shards)
         self._shard_keys = tuple(self._build_shard(n) for n in range(shards))
         # every call names a session's keys; the same residents talk again and again
         self.session = functools.lru_cache(maxsize=4096)(self._session)  # type: ignore[method-assign]
@@ -159,7 +193,7 @@ class KeySpace:
         return f"{self.namespace}:layout"
 
     def prefix(self, shard: int) -> str:
-        return f"{self.namespace}:{{{shard}}}:"
+        return f"{self.namespace}:{{{self.tags[shard]}}}:"
 
     def shard_of(self, avatar_uuid: str) -> int:
         if self.shards == 1:

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple, TypeVar, cast
 
 import redis
 import redis.asyncio as redis_async
+import redis.asyncio.cluster as async_cluster
+import redis.cluster
 from pydantic import BaseModel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -26,10 +28,10 @@ from redis.retry import Retry
 
 from gridmem import backlog
 from gridmem.clock import Clock, SystemClock
-from gridmem.config import ConversationConfig, Settings
+from gridmem.config import ConversationConfig, RedisSettings, Settings
 from gridmem.embedded import SharedValkey
-from gridmem.errors import StoreClosed
-from gridmem.executor import AsyncExecutor, Executor
+from gridmem.errors import ConfigError, StoreClosed
+from gridmem.executor import AsyncClient, AsyncExecutor, Executor, SyncClient
 from gridmem.keys import KeySpace, ServiceKeys
 from gridmem.operations import Op, Operations
 from gridmem.records import (
@@ -84,6 +86,45 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 def connect_async(url: str, **kwargs: Any) -> redis_async.Redis:
     """connect() for asyncio: each worker process builds its own after it starts."""
     return redis_async.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **kwargs)
+
+
+def connect_cluster(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:
+    """A Redis / Valkey Cluster client from the URL of any one node (it finds the
+    others), redis-py's own retries off as in connect(): its retry of a command on
+    a connection fault, after reading the slot map anew, could apply a turn twice."""
+    return redis.cluster.RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+
+
+def connect_cluster_async(url: str, **kwargs: Any) -> async_cluster.RedisCluster:
+    """connect_cluster() for asyncio."""
+    return async_cluster.RedisCluster.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **kwargs)
+
+
+def client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> SyncClient:
+    """The blocking client `[redis]` asks for at `url`: a cluster client with
+    `cluster = true`, else a plain one."""
+    _check_durability(redis_settings)
+    if redis_settings.cluster:
+        return connect_cluster(url, **kwargs)
+    return connect(url, **kwargs)
+
+
+def async_client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> AsyncClient:
+    """client_for() for asyncio (the worker service's processes)."""
+    _check_durability(redis_settings)
+    if redis_settings.cluster:
+        return connect_cluster_async(url, **kwargs)
+    return connect_async(url, **kwargs)
+
+
+def _check_durability(redis_settings: RedisSettings) -> None:
+    """`durability = "replica"` is a promise this version does not keep yet: refused at
+    start rather than run without it (docs/scaling.md, Durability)."""
+    if redis_settings.durability != "none":
+        raise ConfigError(
+            'redis.durability: "replica" (WAIT for a replica after each write) is not '
+            'available in this version; use "none" (docs/scaling.md)'
+        )
 
 
 def _snapshot_dir(settings: Settings) -> Path:
@@ -145,7 +186,10 @@ def open_store(
     keyword arguments (a socket_timeout)."""
     snapshot_dir = _snapshot_dir(settings) if settings.conversation.persistence_enabled else None
     return ConversationStore(
-        connect(url, **client), settings.conversation, clock=clock, snapshot_dir=snapshot_dir
+        client_for(settings.redis, url, **client),
+        settings.conversation,
+        clock=clock,
+        snapshot_dir=snapshot_dir,
     )
 
 
@@ -160,6 +204,7 @@ class _Target(NamedTuple):
 
 def _target(settings: Settings, clock: Clock | None) -> _Target:
     """What both doors' from_config connect to, so the two cannot drift."""
+    _check_durability(settings.redis)  # before a private server is attached
     persistence = settings.conversation.persistence_enabled
     snapshot_dir = _snapshot_dir(settings) if persistence else None
     if settings.redis.url is not None:
@@ -180,16 +225,17 @@ def _door_state(
 
 
 class ConversationStore:
-    """Bounded, isolated conversation memory over one Redis-compatible server.
+    """Bounded, isolated conversation memory over one Redis-compatible server or cluster.
 
-    Pass a client from `connect(url)`, or one you built with redis-py's retries
-    off (`retry=Retry(NoBackoff(), 0)`): gridmem retries only what is safe to
-    resend. Or use `from_config`.
+    Pass a client from `connect(url)` (or `connect_cluster(url)` for a Redis / Valkey
+    Cluster), or one you built with redis-py's retries off
+    (`retry=Retry(NoBackoff(), 0)`): gridmem retries only what is safe to resend.
+    Or use `from_config`.
     """
 
     def __init__(
         self,
-        redis_client: redis.Redis,
+        redis_client: SyncClient,
         config: ConversationConfig | None = None,
         *,
         clock: Clock | None = None,
@@ -483,7 +529,7 @@ class AsyncConversationStore:
 
     def __init__(
         self,
-        redis_client: redis_async.Redis,
+        redis_client: AsyncClient,
         config: ConversationConfig | None = None,
         *,
         clock: Clock | None = None,
@@ -506,7 +552,7 @@ class AsyncConversationStore:
         It blocks while a server starts (well under a second): call it at start-up."""
         target = _target(settings, clock)
         store = cls(
-            connect_async(target.url),
+            async_client_for(settings.redis, target.url),
             settings.conversation,
             clock=clock,
             snapshot_dir=target.snapshot_dir,

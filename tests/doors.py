@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import redis as redis_py
 import redis.asyncio as redis_async
 
 from gridmem import AsyncConversationStore, ConversationConfig, ManualClock
-from gridmem.store import connect_async
+from gridmem.store import connect_async, connect_cluster_async
 
 DOORS = ["sync", "async"]
 
@@ -70,9 +70,17 @@ class BlockingDoor(Blocking):
 class AsyncDoors:
     """Builds BlockingDoors for one test, on one event loop; `close` ends them all."""
 
-    def __init__(self, redis_client: redis_py.Redis, url: str | None, clock: ManualClock) -> None:
+    def __init__(
+        self,
+        redis_client: redis_py.Redis,
+        url: str | None,
+        clock: ManualClock,
+        *,
+        cluster: bool = False,
+    ) -> None:
         self.redis = redis_client
         self.url = url  # None: fakeredis
+        self.cluster = cluster  # url names a node of a cluster
         self.clock = clock
         self.loop = asyncio.new_event_loop()
         self.clients: list[redis_async.Redis] = []
@@ -96,6 +104,8 @@ class AsyncDoors:
 
     def _async_twin(self) -> redis_async.Redis:
         """An asyncio client of the server the blocking client talks to."""
+        if self.url is not None and self.cluster:
+            return cast(redis_async.Redis, connect_cluster_async(self.url))
         if self.url is not None:
             return connect_async(self.url)
         server = self.redis.connection_pool.connection_kwargs["server"]

@@ -8,6 +8,8 @@ import threading
 import uuid as uuid_mod
 from typing import Any
 
+from gridmem.keys import KeySpace
+
 
 def avatar(n: int) -> str:
     """A deterministic avatar UUID for test number n (canonical lowercase)."""
@@ -49,10 +51,13 @@ def dump_all(client: object) -> str:
     return "\n".join(out)
 
 
-def recompute(client: object, namespace: str = "gm", shard: int = 0) -> dict[str, Any]:
-    """Everything the bounds are about, recomputed from the keys themselves (one shard)."""
+def recompute(
+    client: object, namespace: str = "gm", shard: int = 0, shards: int = 1
+) -> dict[str, Any]:
+    """Everything the bounds are about, recomputed from the keys themselves (one shard
+    of `shards`)."""
     c: Any = client
-    prefix = f"{namespace}:{{{shard}}}:"
+    prefix = KeySpace(namespace, shards).prefix(shard)
     sessions: dict[str, dict[str, Any]] = {}
     orphans = []
     for raw in c.keys(prefix + "s:*"):

@@ -167,7 +167,7 @@ class StoreMachine(RuleBasedStateMachine):
         share = shard_limits(self.limits, self.shards, archive=self.archive)
         held = {"sessions": 0, "bytes": 0, "events": 0}
         for shard in range(self.shards):
-            state = recompute(self.client, shard=shard)
+            state = recompute(self.client, shard=shard, shards=self.shards)
             self.check_shard(state, share)
             held["sessions"] += len(state["sessions"])
             held["bytes"] += state["stats_bytes"]

@@ -25,7 +25,7 @@ from gridmem.keys import KeySpace
 from gridmem.records import CHANNEL_TTL_MS
 from tests.helpers import avatar, recompute
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 A = avatar(1)
 INJECTION = (

@@ -63,7 +63,7 @@ def inner_project(
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(**files)
     pytester.makeini(f"[pytest]\nmarkers =\n    real: r\n    fake: f\n{markers}")
-    expected = {name: 3 if name == "valkey" else 0 for name in ("valkey", "redis")}
+    expected = {name: 3 if name == "valkey" else 0 for name in ("valkey", "redis", "cluster")}
     pytester.path.joinpath("real_tests.toml").write_text(
         "".join(f"{name} = {count}\n" for name, count in expected.items())
     )

@@ -30,7 +30,7 @@ from worker.cluster_check import SLOTS, owners, parse_nodes, ranges
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "bin" / "gridmem-cli"
-SHARDS = 4  # their tags' slots fall on all three primaries (each primary serves one or more)
+SHARDS = 6  # shard_tags: two equal slot ranges inside each of the three primaries
 RESIDENTS = [avatar(n) for n in range(12)]
 MARK = "GUAVA-MARKER"
 

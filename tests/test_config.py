@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gridmem import ConfigError, ConversationConfig, Limits, Settings
+from gridmem import ConfigError, ConversationConfig, ConversationStore, Limits, Settings
 from gridmem.config import LIMIT_TABLE, shard_limits
 from gridmem.scripts import LIMIT_FIELDS, limits_packet
 
@@ -283,3 +283,23 @@ def test_a_blank_storage_path_is_refused_naming_the_field(
     # When the settings are loaded, Then they are refused, naming the field
     with pytest.raises(ConfigError, match=r"storage_path.*must name a directory"):
         Settings.load(config)
+
+
+def _redis_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
+    for name, value in env.items():
+        monkeypatch.setenv(f"GRIDMEM_REDIS__{name.upper()}", value)
+    return Settings.load()
+
+
+def test_cluster_and_durability_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"redis.*cluster = true needs a url of one cluster node"):
+        _redis_env(monkeypatch, cluster="true")
+    with pytest.raises(ConfigError, match=r"redis.*cluster = true needs a url"):
+        _redis_env(monkeypatch, cluster="true", url="unix:///tmp/gm.sock")
+    monkeypatch.delenv("GRIDMEM_REDIS__CLUSTER")
+    with pytest.raises(ConfigError, match=r"redis\.durability"):
+        _redis_env(monkeypatch, url="redis://127.0.0.1:1", durability="all")
+    replica = _redis_env(monkeypatch, durability="replica")
+    assert replica.redis.durability == "replica" and not replica.redis.cluster
+    with pytest.raises(ConfigError, match=r'redis\.durability: "replica"'):
+        ConversationStore.from_config(replica)  # refused before any connection

@@ -19,7 +19,7 @@ from gridmem import (
 from gridmem.records import CHANNEL_TTL_MS
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 WORDS = "plum-saxophone-marker"
 

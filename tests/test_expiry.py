@@ -16,7 +16,7 @@ from gridmem.records import CHANNEL_TTL_MS
 from gridmem.scripts import WRITE_SWEEP_BATCH
 from tests.helpers import all_keys, avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 A = avatar(1)
 

@@ -9,7 +9,7 @@ import pytest
 from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 A = avatar(1)
 

@@ -7,7 +7,7 @@ import pytest
 from gridmem import AgentReply, AvatarMessage, Channel, ConversationStore, ToolSummary
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 
 def test_public_and_im_of_one_avatar_share_nothing(store: ConversationStore) -> None:

@@ -9,7 +9,7 @@ import pytest
 from gridmem import AvatarMessage, Channel, ConversationStore, ManualClock, SessionMetadata
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 SECRET_WORDS = "zebra-quartz-marker"
 

@@ -22,6 +22,7 @@ from gridmem import (
     ToolSummary,
 )
 from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem.keys import shard_tags
 from tests.conftest import short_tempdir
 from tests.helpers import OutputLines, avatar
 
@@ -858,13 +859,14 @@ def test_the_cli_follows_the_key_templates_the_store_published(
     who = by_shard[1][0]
     shown = gm(server, client_binary, *ops, "transcript", who, "im", "--show-content")
     assert shown.returncode == 0 and f"{MARK} of {who}" in shown.stdout, shown.stderr
+    one, two = (f"ops:{{{tag}}}:" for tag in shard_tags(3)[1:])  # shards 1 and 2's prefixes
     # Given the session's transcript moved to a key name the CLI cannot guess
-    moved = f"ops:{{1}}:elsewhere:{who}:im:turns"
-    client.rename(f"ops:{{1}}:s:{who}:im:turns", moved)
+    moved = f"{one}elsewhere:{who}:im:turns"
+    client.rename(f"{one}s:{who}:im:turns", moved)
     lost = gm(server, client_binary, *ops, "transcript", who, "im", "--show-content")
     assert lost.returncode == 0 and MARK not in lost.stdout, lost.stderr
     # When shard 1 publishes that template, the CLI reads the transcript there
-    client.hset("ops:{1}:limits", "key_turns", "ops:{1}:elsewhere:<uuid>:<channel>:turns")
+    client.hset(f"{one}limits", "key_turns", f"{one}elsewhere:<uuid>:<channel>:turns")
     found = gm(server, client_binary, *ops, "transcript", who, "im", "--show-content")
     assert found.returncode == 0 and f"{MARK} of {who}" in found.stdout, found.stderr
     # and deletes it there, whole
@@ -872,8 +874,8 @@ def test_the_cli_follows_the_key_templates_the_store_published(
     assert deleted.returncode == 0 and "deleted the im session" in deleted.stdout
     assert not client.exists(moved) and store.context(who, "im") == []
     # An event stream under another published name is the one `events` reads
-    client.xadd("ops:{2}:other-events", {"reason": "expired_operator", "uuid": by_shard[2][0]})
-    client.hset("ops:{2}:limits", "key_events", "ops:{2}:other-events")
+    client.xadd(f"{two}other-events", {"reason": "expired_operator", "uuid": by_shard[2][0]})
+    client.hset(f"{two}limits", "key_events", f"{two}other-events")
     events = json.loads(gm(server, client_binary, *ops, "--json", "events", "--count", "50").stdout)
     assert [e["avatar_uuid"] for e in events if e["shard"] == 2] == [by_shard[2][0]]
     assert {e["shard"] for e in events} == {1, 2}  # shard 1's delete, shard 2's planted one
@@ -881,14 +883,15 @@ def test_the_cli_follows_the_key_templates_the_store_published(
 
 def test_a_missing_template_is_a_clear_error(server: EmbeddedValkey, client_binary: str) -> None:
     _, by_shard = _ops_store(server)
-    server.client().hdel("ops:{0}:limits", "key_meta")
+    zero = f"ops:{{{shard_tags(3)[0]}}}:"  # shard 0's prefix
+    server.client().hdel(f"{zero}limits", "key_meta")
     done = gm(server, client_binary, "--namespace", "ops", "delete", by_shard[0][0], "im")
     assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         "gridmem-cli: store 'ops' has published no key name 'meta' for shard 0: "
         "run its store or service (this version) once"
     ]
-    assert server.client().exists(f"ops:{{0}}:s:{by_shard[0][0]}:im:meta")  # nothing deleted
+    assert server.client().exists(f"{zero}s:{by_shard[0][0]}:im:meta")  # nothing deleted
 
 
 def test_the_script_builds_no_key_name_and_uses_no_gnu_date() -> None:

@@ -18,7 +18,7 @@ import redis as redis_py
 from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
 from gridmem.errors import BadScriptArgument
 from gridmem.executor import translate
-from gridmem.keys import KeySpace
+from gridmem.keys import KeySpace, shard_tags
 from gridmem.scripts import Scripts, load_scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
@@ -125,7 +125,9 @@ def test_two_stores_on_one_server_each_publish_their_own_layout(
         avatar(1), "im", AvatarMessage(text="b")
     )
     assert _decoded(redis.hgetall("one:layout")) == {"one": "one:{0}:"}
-    assert _decoded(redis.hgetall("two:layout")) == {"two": "two:{0}: two:{1}:"}
+    two = " ".join(f"two:{{{tag}}}:" for tag in shard_tags(2))  # the tags of 2 shards
+    assert two.startswith("two:{0-1}: two:{1}:")  # as docs/scaling.md's rule finds them
+    assert _decoded(redis.hgetall("two:layout")) == {"two": two}
 
 
 # -- publish_layout.lua directly ---------------------------------------------------------
@@ -189,11 +191,12 @@ def test_every_shard_publishes_its_key_names_as_templates(make_store: Any, redis
     space = KeySpace("pub", 3)
     shard = space.shard_of(avatar(1))
     for n in range(3):
-        published = _decoded(redis.hgetall(f"pub:{{{n}}}:limits"))
+        published = _decoded(redis.hgetall(space.shard(n).limits))
         templates = {k: v for k, v in published.items() if k.startswith("key_")}
         assert templates == space.templates(n)
+        assert templates["key_sessions"] == f"pub:{{{shard_tags(3)[n]}}}:sessions"
     # filled in, they name the keys the store wrote
-    published = _decoded(redis.hgetall(f"pub:{{{shard}}}:limits"))
+    published = _decoded(redis.hgetall(space.shard(shard).limits))
     filled = published["key_meta"].replace("<uuid>", avatar(1)).replace("<channel>", "im")
     assert redis.exists(filled) and redis.exists(published["key_lru_im"])
     assert published["key_member"].replace("<uuid>", "u").replace("<channel>", "im") == "u:im"

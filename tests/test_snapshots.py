@@ -35,7 +35,7 @@ from gridmem import (
 from gridmem.snapshots import HEADER_SIZE, Header, SnapshotError, parse_header
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 A, B = avatar(1), avatar(2)
 MINUTE = 60_000

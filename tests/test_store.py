@@ -31,7 +31,7 @@ from gridmem.scripts import ScriptCall
 from tests.conftest import CommandCounter, short_tempdir
 from tests.helpers import avatar
 
-pytestmark = pytest.mark.both_doors  # every store test, through both doors
+pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
 A = avatar(1)
 
@@ -58,6 +58,7 @@ def _bad_list_metadata(store: ConversationStore) -> ScriptCall[Any]:
     return ScriptCall(store._ops.scripts.by_name["list_metadata"], keys, (0, 0, "b", "x", 1), list)
 
 
+@pytest.mark.single_node  # one server's function library (cluster: tests/test_cluster.py)
 def test_script_error_is_mapped_and_not_retried(
     store: ConversationStore, command_counter: CommandCounter
 ) -> None:
@@ -83,6 +84,7 @@ def test_a_refused_call_leaves_no_state_for_the_next(store: ConversationStore) -
     assert store.events() == []
 
 
+@pytest.mark.single_node  # one server's function library (cluster: tests/test_cluster.py)
 def test_library_loaded_by_another_worker_meanwhile(store: ConversationStore, redis: Any) -> None:
     """Two workers may both find the library missing; the second FUNCTION LOAD is refused."""
     library = store._ops.scripts.by_name["record_turn"].library
@@ -98,6 +100,7 @@ def test_library_loaded_by_another_worker_meanwhile(store: ConversationStore, re
     assert [lib[1].decode() for lib in redis.function_list(library=library.name)] == [library.name]
 
 
+@pytest.mark.single_node  # one server's function library (cluster: tests/test_cluster.py)
 def test_functions_carry_their_declared_flags(store: ConversationStore, redis: Any) -> None:
     store.record(A, "public", AvatarMessage(text="loads the library"))
     library = store._ops.scripts.by_name["read_page"].library
@@ -109,6 +112,7 @@ def test_functions_carry_their_declared_flags(store: ConversationStore, redis: A
     assert len(flags) == len(store._ops.scripts.by_name)
 
 
+@pytest.mark.single_node  # one server's function library (cluster: tests/test_cluster.py)
 def test_versions_side_by_side(store: ConversationStore, redis: Any) -> None:
     """Another gridmem version's library does not disturb this one's functions."""
     scripts = store._ops.scripts.by_name

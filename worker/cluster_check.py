@@ -24,6 +24,7 @@ from redis.crc import key_slot
 
 from gridmem.config import redacted_url
 from gridmem.errors import ConfigError
+from gridmem.executor import Executor
 from gridmem.keys import KeySpace
 
 SLOTS = 16384
@@ -212,8 +213,7 @@ def _cluster_info(seed: redis.Redis, seen_from: str) -> dict[str, str]:
 
 
 def _ask(client: redis.Redis, *command: str) -> Any:
-    untyped: Any = client  # redis-py leaves execute_command untyped
-    return untyped.execute_command(*command)
+    return Executor(client).command(*command)  # the only code that sends commands
 
 
 def _first_slot(node: Node) -> int:
@@ -245,7 +245,7 @@ def _count_sessions(
             try:
                 if node.address not in clients:
                     clients[node.address] = connect(node.address)
-                place.sessions = int(clients[node.address].zcard(shard.sessions))
+                place.sessions = int(_ask(clients[node.address], "ZCARD", shard.sessions))
                 share.sessions += place.sessions
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 # unreachable, or refusing (CLUSTERDOWN: it sees part of the cluster down)
