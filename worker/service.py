@@ -65,7 +65,7 @@ from gridmem.partitions import partition_of
 from gridmem.records import AgentReply, AvatarMessage, DeadLetterReason, Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount, KeyStep
-from gridmem.store import OFFLOAD_TEXT_CHARS, AsyncConversationStore, connect_async
+from gridmem.store import OFFLOAD_TEXT_CHARS, AsyncConversationStore, async_client_for
 from worker import metrics
 from worker.inbound import Rejected, check_inbound, decode_inbound, entry_ids, stream_order
 from worker.llm import (
@@ -651,7 +651,9 @@ def run_worker_process(settings_data: dict[str, Any], url: str) -> None:
 
 async def _serve(settings: Settings, url: str) -> None:
     store = AsyncConversationStore(
-        connect_async(url), settings.conversation, clock=settings_clock(settings.worker)
+        async_client_for(settings.redis, url),
+        settings.conversation,
+        clock=settings_clock(settings.worker),
     )
     chat = build_chat_client(settings.llm)
     worker = Worker(store, chat, settings)
