@@ -52,6 +52,12 @@ class StoreClosed(GridmemError):
         super().__init__("this store is closed (close() or the end of its with block)")
 
 
+class DurabilityTimeout(GridmemError):
+    """`durability = "replica"`: no replica confirmed a state change within the WAIT
+    timeout. The change was made on the primary and may be lost at a failover; an
+    idempotent call is retried (docs/scaling.md, Durability)."""
+
+
 class ConfigError(GridmemError):
     """A setting is invalid (for example above its hard ceiling)."""
 

@@ -68,7 +68,8 @@ from redis.exceptions import (
     SlotNotCoveredError,
 )
 
-from gridmem.errors import StoreClosed, script_error_from_reply
+from gridmem.config import Durability
+from gridmem.errors import DurabilityTimeout, StoreClosed, script_error_from_reply
 from gridmem.replies import CommandCall, ReadCall, ScriptCall
 
 T = TypeVar("T")
@@ -85,6 +86,7 @@ class Rerouted(redis.ConnectionError):
 # cluster, so are the faults of a failover: the slot's primary is down, or not yet
 # replaced (CLUSTERDOWN, MASTERDOWN, a slot no node covers), or it moved (Rerouted).
 RETRYABLE = (
+    DurabilityTimeout,
     redis.ConnectionError,
     redis.TimeoutError,
     ClusterDownError,
@@ -97,6 +99,50 @@ AsyncClient = redis_async.Redis | async_cluster.RedisCluster
 
 _MULTI = hiredis.pack_command(("MULTI",))
 _EXEC = hiredis.pack_command(("EXEC",))
+
+# `durability = "replica"`: how long a state change waits for one replica (WAIT 1 <ms>).
+DURABILITY_WAIT_MS = 1_000
+# Plain commands that change nothing: a command call made of these alone waits for no
+# replica (every other command call, and every script without the no-writes flag, does).
+READ_COMMANDS = frozenset({"XRANGE", "GET", "XLEN", "HGETALL", "ZCARD"})
+
+
+def writes(call: ScriptCall[Any] | CommandCall[Any]) -> bool:
+    """Whether a call may change state (what `durability = "replica"` waits for)."""
+    if isinstance(call, ScriptCall):
+        return "no-writes" not in call.script.flags
+    return any(str(command[0]).upper() not in READ_COMMANDS for command in call.commands)
+
+
+def durable_commands(
+    call: ScriptCall[Any] | CommandCall[Any], wait_ms: int = DURABILITY_WAIT_MS
+) -> list[tuple[Any, ...]]:
+    """The call's commands as sent with `durability = "replica"`: the FCALL (or the
+    command, or MULTI + commands + EXEC), then WAIT 1, on one connection: WAIT counts
+    the replicas that have this connection's writes."""
+    if isinstance(call, ScriptCall):
+        sent: list[tuple[Any, ...]] = [fcall_command(call)]
+    elif len(call.commands) == 1:
+        sent = [call.commands[0]]
+    else:
+        sent = [("MULTI",), *call.commands, ("EXEC",)]
+    return [*sent, ("WAIT", 1, wait_ms)]
+
+
+def durable_reply(call: ScriptCall[Any] | CommandCall[Any], replies: list[Any]) -> Any:
+    """The call's own reply among `durable_commands`' replies (errors are exception
+    objects: the first is raised), once WAIT says a replica has it."""
+    for reply in replies[:-1]:
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    if isinstance(replies[-1], redis.ResponseError) or int(replies[-1]) < 1:
+        raise DurabilityTimeout("no replica confirmed the write in time (WAIT 1)")
+    own = replies[-2]
+    return _raise_errors(own) if isinstance(call, CommandCall) and len(call.commands) > 1 else own
+
+
+def first_key(call: ScriptCall[Any] | CommandCall[Any]) -> Any:
+    return call.keys[0] if isinstance(call, ScriptCall) else call.commands[0][1]
 
 
 def retry_policy() -> dict[str, Any]:
@@ -163,10 +209,13 @@ class Executor:
     """Sends commands over a blocking redis-py client, plain or cluster (built with
     redis-py's retries off: connect, connect_cluster)."""
 
-    def __init__(self, client: SyncClient) -> None:
+    def __init__(self, client: SyncClient, *, durability: Durability = "none") -> None:
         self.client = client
         # the cluster client when there is one: its calls are routed here (module docstring)
         self.cluster = client if isinstance(client, redis.cluster.RedisCluster) else None
+        # "replica": every state change waits for one replica (durable_commands)
+        self.durable = durability == "replica"
+        self.wait_ms = DURABILITY_WAIT_MS  # how long a state change waits for a replica
         self.closed = False
         self._retrying = tenacity.Retrying(**retry_policy())
 
@@ -178,6 +227,8 @@ class Executor:
             read: T = self._read(call)
             return read
         send: Callable[[Any], Any] = self._fcall if isinstance(call, ScriptCall) else self._commands
+        if self.durable and writes(call):
+            send = self._durable
         try:
             try:
                 raw = send(call)
@@ -287,10 +338,37 @@ class Executor:
         """
         if self.cluster is None:
             return self._exec(self.client, commands)
-        cluster = self.cluster
-        node = self._primary(cluster, transaction_slot(commands))
+        return self._on_primary(
+            self.cluster, transaction_slot(commands), lambda node: self._exec(node, commands)
+        )
+
+    def _durable(self, call: ScriptCall[Any] | CommandCall[Any]) -> Any:
+        """The call, then WAIT 1, in one write on one connection (durable_commands); the
+        library loaded first where the server lacks it, as _fcall does."""
+        commands = durable_commands(call, self.wait_ms)
+
+        def on(client: Any) -> Any:
+            replies = self._pipelined(client, commands)
+            missing = replies[0]
+            if isinstance(missing, redis.ResponseError) and is_function_missing(missing):
+                assert isinstance(call, ScriptCall)  # only an FCALL misses a function
+                self._load(call, client.execute_command)
+                replies = self._pipelined(client, commands)
+            if isinstance(replies[0], AskError):  # MOVED too: raised for _on_primary
+                raise replies[0]
+            return durable_reply(call, replies)
+
+        if self.cluster is None:
+            return on(self.client)
+        return self._on_primary(self.cluster, slot_of(first_key(call)), on)
+
+    def _on_primary(self, cluster: Any, slot: int, run: Callable[[Any], T]) -> T:
+        """`run` with the client of the slot's primary (its own pool): a MOVED or ASK
+        reply refreshes the slot map and is raised as Rerouted; a connection fault
+        makes the next call read the slot map anew."""
+        node = self._primary(cluster, slot)
         try:
-            return self._exec(cluster.get_redis_connection(node), commands)
+            return run(cluster.get_redis_connection(node))
         except AskError as moved:  # MOVED too (a subclass)
             if isinstance(moved, MovedError):
                 cluster.nodes_manager.move_slot(moved)
@@ -301,6 +379,29 @@ class Executor:
             with contextlib.suppress(redis.RedisError, RedisClusterException):
                 cluster.nodes_manager.initialize()
             raise
+
+    @staticmethod
+    def _pipelined(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The commands in one write on one connection; their replies, an error reply
+        as its exception object (not raised: every reply is read)."""
+        packed = b"".join([hiredis.pack_command(c) for c in commands])
+        own = client.connection
+        conn = own or client.connection_pool.get_connection()
+        try:
+            conn.send_packed_command([packed])
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except redis.ResponseError as error:
+                    replies.append(error)
+        except BaseException:
+            conn.disconnect()  # dropped, never reused with replies unread
+            raise
+        finally:
+            if own is None:
+                client.connection_pool.release(conn)
+        return replies
 
     @staticmethod
     def _exec(client: Any, commands: Commands) -> list[Any]:
@@ -337,9 +438,11 @@ class AsyncExecutor:
     would do it on a throwaway event loop).
     """
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, *, durability: Durability = "none") -> None:
         self.client = client
         self.cluster = client if isinstance(client, async_cluster.RedisCluster) else None
+        self.durable = durability == "replica"
+        self.wait_ms = DURABILITY_WAIT_MS  # how long a state change waits for a replica
         self.closed = False
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
 
@@ -353,6 +456,8 @@ class AsyncExecutor:
         send: Callable[[Any], Awaitable[Any]] = (
             self._fcall if isinstance(call, ScriptCall) else self._commands
         )
+        if self.durable and writes(call):
+            send = self._durable
         try:
             try:
                 raw = await send(call)
@@ -460,6 +565,69 @@ class AsyncExecutor:
         for command in commands:
             pipe.execute_command(*command)
         replies: list[Any] = await pipe.execute()
+        return replies
+
+    async def _durable(self, call: ScriptCall[Any] | CommandCall[Any]) -> Any:
+        """As Executor._durable: the call and WAIT 1 on one connection of the slot's
+        primary (of the one server)."""
+        commands = durable_commands(call, self.wait_ms)
+        if self.cluster is None:
+            client: Any = self.client  # a plain client (narrowed by self.cluster)
+            pool = client.connection_pool
+            conn = await pool.get_connection()
+            try:
+                return await self._durable_on(conn, call, commands)
+            finally:
+                await pool.release(conn)
+        cluster = self.cluster
+        node = await self._primary(cluster, slot_of(first_key(call)))
+        conn = node.acquire_connection()
+        try:
+            return await self._durable_on(conn, call, commands)
+        except AskError as moved:  # MOVED too (a subclass)
+            if isinstance(moved, MovedError):
+                await cluster.nodes_manager.move_slot(moved)
+            raise _rerouted(moved) from None
+        except (redis.ConnectionError, redis.TimeoutError):
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                await cluster.nodes_manager.initialize()
+            raise
+        finally:
+            node.release(conn)
+
+    async def _durable_on(
+        self, conn: Any, call: ScriptCall[Any] | CommandCall[Any], commands: list[tuple[Any, ...]]
+    ) -> Any:
+        replies = await self._pipelined(conn, commands)
+        missing = replies[0]
+        if isinstance(missing, redis.ResponseError) and is_function_missing(missing):
+            assert isinstance(call, ScriptCall)  # only an FCALL misses a function
+
+            async def on_conn(*args: Any) -> Any:
+                await conn.send_command(*args)
+                return await conn.read_response()
+
+            await self._load(call, on_conn)
+            replies = await self._pipelined(conn, commands)
+        if isinstance(replies[0], AskError):  # MOVED too: the caller reroutes
+            raise replies[0]
+        return durable_reply(call, replies)
+
+    @staticmethod
+    async def _pipelined(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """As Executor._pipelined, on a connection the caller holds."""
+        packed = b"".join([hiredis.pack_command(c) for c in commands])
+        try:
+            await conn.send_packed_command([packed])
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except redis.ResponseError as error:
+                    replies.append(error)
+        except BaseException:
+            await conn.disconnect()  # dropped, never reused with replies unread
+            raise
         return replies
 
     async def _transaction_cluster(

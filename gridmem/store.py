@@ -28,9 +28,9 @@ from redis.retry import Retry
 
 from gridmem import backlog
 from gridmem.clock import Clock, SystemClock
-from gridmem.config import ConversationConfig, RedisSettings, Settings
+from gridmem.config import ConversationConfig, Durability, RedisSettings, Settings
 from gridmem.embedded import SharedValkey
-from gridmem.errors import ConfigError, StoreClosed
+from gridmem.errors import StoreClosed
 from gridmem.executor import AsyncClient, AsyncExecutor, Executor, SyncClient
 from gridmem.keys import KeySpace, ServiceKeys
 from gridmem.operations import Op, Operations
@@ -103,7 +103,6 @@ def connect_cluster_async(url: str, **kwargs: Any) -> async_cluster.RedisCluster
 def client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> SyncClient:
     """The blocking client `[redis]` asks for at `url`: a cluster client with
     `cluster = true`, else a plain one."""
-    _check_durability(redis_settings)
     if redis_settings.cluster:
         return connect_cluster(url, **kwargs)
     return connect(url, **kwargs)
@@ -111,20 +110,9 @@ def client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> SyncCl
 
 def async_client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> AsyncClient:
     """client_for() for asyncio (the worker service's processes)."""
-    _check_durability(redis_settings)
     if redis_settings.cluster:
         return connect_cluster_async(url, **kwargs)
     return connect_async(url, **kwargs)
-
-
-def _check_durability(redis_settings: RedisSettings) -> None:
-    """`durability = "replica"` is a promise this version does not keep yet: refused at
-    start rather than run without it (docs/scaling.md, Durability)."""
-    if redis_settings.durability != "none":
-        raise ConfigError(
-            'redis.durability: "replica" (WAIT for a replica after each write) is not '
-            'available in this version; use "none" (docs/scaling.md)'
-        )
 
 
 def _snapshot_dir(settings: Settings) -> Path:
@@ -190,6 +178,7 @@ def open_store(
         settings.conversation,
         clock=clock,
         snapshot_dir=snapshot_dir,
+        durability=settings.redis.durability,
     )
 
 
@@ -204,7 +193,6 @@ class _Target(NamedTuple):
 
 def _target(settings: Settings, clock: Clock | None) -> _Target:
     """What both doors' from_config connect to, so the two cannot drift."""
-    _check_durability(settings.redis)  # before a private server is attached
     persistence = settings.conversation.persistence_enabled
     snapshot_dir = _snapshot_dir(settings) if persistence else None
     if settings.redis.url is not None:
@@ -240,9 +228,10 @@ class ConversationStore:
         *,
         clock: Clock | None = None,
         snapshot_dir: str | Path | None = None,
+        durability: Durability = "none",
     ) -> None:
         self.redis = redis_client
-        self.executor = Executor(redis_client)
+        self.executor = Executor(redis_client, durability=durability)
         self.config, self.clock, self.snapshot_dir, self._ops = _door_state(
             config, clock, snapshot_dir
         )
@@ -534,9 +523,10 @@ class AsyncConversationStore:
         *,
         clock: Clock | None = None,
         snapshot_dir: str | Path | None = None,
+        durability: Durability = "none",
     ) -> None:
         self.redis = redis_client
-        self.executor = AsyncExecutor(redis_client)
+        self.executor = AsyncExecutor(redis_client, durability=durability)
         self.config, self.clock, self.snapshot_dir, self._ops = _door_state(
             config, clock, snapshot_dir
         )
@@ -556,6 +546,7 @@ class AsyncConversationStore:
             settings.conversation,
             clock=clock,
             snapshot_dir=target.snapshot_dir,
+            durability=settings.redis.durability,
         )
         store._shared = target.shared
         return store

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gridmem import ConfigError, ConversationConfig, ConversationStore, Limits, Settings
+from gridmem import ConfigError, ConversationConfig, Limits, Settings
 from gridmem.config import LIMIT_TABLE, shard_limits
 from gridmem.scripts import LIMIT_FIELDS, limits_packet
+from gridmem.store import open_store
 
 DESIGN_CEILINGS = {
     "max_active_sessions": 1_000_000,
@@ -301,5 +302,6 @@ def test_cluster_and_durability_settings(monkeypatch: pytest.MonkeyPatch) -> Non
         _redis_env(monkeypatch, url="redis://127.0.0.1:1", durability="all")
     replica = _redis_env(monkeypatch, durability="replica")
     assert replica.redis.durability == "replica" and not replica.redis.cluster
-    with pytest.raises(ConfigError, match=r'redis\.durability: "replica"'):
-        ConversationStore.from_config(replica)  # refused before any connection
+    store = open_store(replica, "redis://127.0.0.1:1")  # no connection until a call
+    assert store.executor.durable  # every state change waits for a replica (test_durability)
+    store.close()

@@ -654,6 +654,7 @@ async def _serve(settings: Settings, url: str) -> None:
         async_client_for(settings.redis, url),
         settings.conversation,
         clock=settings_clock(settings.worker),
+        durability=settings.redis.durability,
     )
     chat = build_chat_client(settings.llm)
     worker = Worker(store, chat, settings)
