@@ -27,15 +27,16 @@ import fakeredis
 import pytest
 from redis.crc import key_slot
 
-from gridmem import ConversationConfig, partition_of, service_streams
+from gridmem import ConversationConfig, connect_cluster_async, partition_of, service_streams
 from gridmem.clock import ManualClock
 from gridmem.config import Settings
 from gridmem.errors import InvalidAvatarId
 from gridmem.keys import KeySpace, ServiceKeys
 from gridmem.partitions import CLUSTER_SLOTS, partition_tags
-from gridmem.store import AsyncConversationStore
-from tests.conftest import short_tempdir
+from gridmem.store import AsyncConversationStore, async_client_for
+from tests.conftest import flush_cluster, short_tempdir
 from tests.helpers import avatar
+from tests.test_cluster import node_keys, node_of_slot
 from tests.test_worker import DEADLINE, go, new_client
 from worker.llm import Message
 from worker.localllm import LocalChatServer
@@ -440,8 +441,7 @@ def test_every_step_of_the_queue_runs_on_a_real_cluster_and_partitions_spread() 
     """On a real 3-master Valkey Cluster, each step of the queue (group, XADD, take,
     claim, attempt, renew, publish, dead letter, finish, orphans, backlog, blocking read)
     runs against each of 4 partitions without a cross-slot error, and 16 partitions put
-    5 or 6 on each master. (The service on the cluster waits for the cluster clients of
-    issue 15's executor.)"""
+    5 or 6 on each master. (The worker itself on a cluster: the test after this one.)"""
     from gridmem.embedded import EmbeddedCluster
     from gridmem.executor import Executor
     from gridmem.scripts import Scripts, load_scripts
@@ -529,3 +529,115 @@ def _one_of_each_step(client: Any, executor: Any, scripts: Any, keys: ServiceKey
         2,
         1,
     )
+
+
+CLUSTER_AVATARS, CLUSTER_SHARDS = 40, 6
+
+
+def keys_by_primary(cluster: Any, owners: dict[int, int]) -> dict[int, list[str]]:
+    """What each primary holds, each key checked to be on the owner of its slot."""
+    found = {port: node_keys(cluster, port) for port in cluster.primaries()}
+    for port, names in found.items():
+        misplaced = [name for name in names if owners[key_slot(name.encode())] != port]
+        assert not misplaced, (port, misplaced)
+    return found
+
+
+def queue_keys_on_their_primaries(
+    cluster: Any, owners: dict[int, int], services: tuple[ServiceKeys, ...]
+) -> None:
+    """Every key of the queue (streams, mailboxes, leases) on its slot's primary,
+    under the tag of the partition whose slot it is in; the partitions on 3 primaries."""
+    queue = [
+        name
+        for names in keys_by_primary(cluster, owners).values()
+        for name in names
+        if name.startswith("gm:{p")
+    ]
+    assert any(":mbox:" in k for k in queue) and any(":owner:" in k for k in queue)
+    tags = {key_slot(k.inbound.encode()): k.ready.removesuffix("ready") for k in services}
+    assert all(name.startswith(tags[key_slot(name.encode())]) for name in queue)
+    assert len({owners[slot] for slot in tags}) == 3
+
+
+async def post_each_key(
+    client: Any, services: tuple[ServiceKeys, ...], avatars: int, messages: int
+) -> Sent:
+    """`messages` per avatar and channel, each on its avatar's partition, in rounds."""
+    sent: Sent = {}
+    for n in range(messages):
+        for who in range(avatars):
+            for channel in ("public", "im"):
+                keys = services[expected_partition(avatar(who), PARTITIONS)]
+                entry = await client.xadd(keys.inbound, message(who, channel, n))
+                sent.setdefault((avatar(who), channel), []).append(entry.decode())
+    by_partition = Counter(expected_partition(u, PARTITIONS) for u, _ in sent)
+    assert sorted(by_partition) == list(range(PARTITIONS)), by_partition
+    return sent
+
+
+@pytest.mark.real
+def test_the_service_on_a_real_cluster_answers_every_message_once_in_order(
+    real_cluster: Any,
+) -> None:
+    """The worker on a real 3-primary, 3-replica Valkey Cluster, through the client
+    `[redis] cluster = true` builds (as `gridmem serve` does), partitions = 4 and
+    shards = 6: 40 avatars x 2 channels x 2 messages are each answered once, per key in
+    the order posted, on the avatar's partition; no request to the model mixes keys;
+    while the model holds, each partition's queue keys sit on the primary that owns
+    their slot (CLUSTER SLOTS), and afterwards the sessions too, spread over all three."""
+    from worker.service import Worker
+
+    flush_cluster(real_cluster)
+    services = service_streams("gm", PARTITIONS)
+    owners = node_of_slot(real_cluster)  # slot -> port of its primary, as the nodes say
+    settings = Settings(
+        redis={"url": real_cluster.url, "cluster": True},
+        worker={"concurrency": 8},
+        conversation={"partitions": PARTITIONS, "shards": CLUSTER_SHARDS},
+    )
+
+    async def scenario() -> Sent:
+        client = connect_cluster_async(real_cluster.url)
+        store = AsyncConversationStore(
+            async_client_for(settings.redis, real_cluster.url),
+            settings.conversation,
+            clock=ManualClock(),
+        )
+        chat = HeldChat()
+        worker = Worker(store, chat, settings, name="w-cluster")
+        written = watch(store)
+        task: asyncio.Task[None] | None = None
+        try:
+            # Given 40 avatars x 2 channels x 2 messages, each on its avatar's partition
+            sent = await post_each_key(client, services, CLUSTER_AVATARS, 2)
+            # When a worker answers them (the model holding its first calls)
+            task = asyncio.create_task(worker.run())
+            async with chat.changed:
+                held = chat.changed.wait_for(lambda: len(chat.requests) >= 4)
+                await asyncio.wait_for(held, DEADLINE)
+            # Then, mid-run, every queue key is on its slot's primary, under its tag
+            queue_keys_on_their_primaries(real_cluster, owners, services)
+            chat.release.set()
+            # and every message is answered once, per key in order, on its partition
+            expected = sum(len(ids) for ids in sent.values())
+            check_answers(sent, await replies(client, services, expected, written), PARTITIONS)
+            check_requests_hold_one_key(chat.requests)
+            assert len(chat.requests) == expected
+            for keys in services:
+                assert await client.xlen(keys.inbound) == 0  # answered entries are deleted
+            return sent
+        finally:
+            chat.release.set()
+            worker.stop()
+            if task is not None:
+                await asyncio.wait_for(task, DEADLINE)
+            await store.aclose()
+            await client.aclose()
+
+    sent = asyncio.run(asyncio.wait_for(scenario(), 3 * DEADLINE))
+    # and each session lives on its slot's primary, all three holding some
+    held = keys_by_primary(real_cluster, owners)
+    meta = {port: [k for k in names if k.endswith(":meta")] for port, names in held.items()}
+    assert sum(len(m) for m in meta.values()) == len(sent)
+    assert all(meta.values()), {port: len(m) for port, m in meta.items()}
