@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from gridmem import AvatarMessage, ConversationConfig, ConversationStore
+from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits
 from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
 from gridmem.store import connect, connect_cluster
 from worker.progress import step
@@ -50,6 +50,9 @@ from worker.progress import step
 SHARDS = 16
 TEXT = "hi! is the sandbox open today? I want to build a boat near the welcome area, ok?"
 PHASES = ("record", "context")
+# room for every session of every run: nothing is evicted (the default is 10,000 sessions,
+# split over the shards)
+LIMITS = Limits(max_active_sessions=500_000, max_aggregate_bytes=4 * 1024**3)
 TICK = 100  # a process adds to the shared progress counter every TICK calls
 
 
@@ -76,7 +79,7 @@ def run_client(job: Job, barrier: Barrier, done: Synchronized[int], results: Any
     processes on Linux)."""
     client: Any = connect_cluster(job.url) if job.cluster else connect(job.url)
     extra: dict[str, Any] = {"durability": job.durability} if job.durability != "none" else {}
-    store = ConversationStore(client, ConversationConfig(shards=SHARDS), **extra)
+    store = ConversationStore(client, ConversationConfig(shards=SHARDS, limits=LIMITS), **extra)
     people = avatars(job)
     calls: dict[str, Callable[[int], object]] = {
         "record": lambda i: store.record(people[i % job.sessions], "im", AvatarMessage(text=TEXT)),
@@ -139,6 +142,9 @@ def node_state(client: redis.Redis) -> dict[str, int]:
     return {
         "fcall": int(stats.get("cmdstat_fcall", {}).get("calls", 0)),
         "calls": sum(int(v["calls"]) for v in stats.values()),
+        "fcall_usec": int(stats.get("cmdstat_fcall", {}).get("usec", 0)),
+        # EXEC left out: its time may include the commands it ran, counted on their own
+        "usec": sum(int(v["usec"]) for k, v in stats.items() if k != "cmdstat_exec"),
         "memory": int(memory["used_memory"]),
         # the data alone: not the replication backlog, the functions or client buffers
         "dataset": int(memory["used_memory_dataset"]),
@@ -269,6 +275,17 @@ def report(
             f"{sessions:>9,} {p.after['memory'] / 2**20:>16.1f} "
             f"{p.grew('dataset') / max(sessions, 1):>14,.0f}"
         )
+    # one node's own time per call (INFO commandstats usec): what a primary's core can
+    # serve, whatever the clients cost (contexts are MULTI/EXEC reads, not FCALLs)
+    contexts = args.processes * args.ops
+    record_us = one.grew("fcall_usec") / max(one.grew("fcall"), 1)
+    context_us = (one.grew("usec") - one.grew("fcall_usec")) / contexts
+    print(
+        f"\nserver time per call (single node, INFO commandstats): record {record_us:.0f} us, "
+        f"context {context_us:.0f} us; one core: about {1e6 / record_us:,.0f} records/s "
+        f"or {1e6 / context_us:,.0f} contexts/s, {1e6 / (2 * record_us + context_us):,.0f} "
+        "messages/s at 2 records + 1 context a message"
+    )
     if not rates["replica"]:
         print(
             '\ndurability = "replica" / "none": not measured, the "replica" mode is not '
