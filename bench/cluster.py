@@ -13,8 +13,9 @@ change waits for one replica: WAIT 1) as a ratio to `none`: four half-length run
 replica, none, none, replica, on new sessions.
 
 Per primary: its share of the FCALLs (INFO commandstats, cmdstat_fcall calls
-before/after) and of all command calls, and its sessions and used_memory growth
-after the run (memory per session). On a 2-core machine six nodes and the clients
+before/after) and of all command calls, its sessions and used_memory after the
+run, and memory per session (growth of used_memory_dataset / sessions). Last, the
+single node's own time per record and per context (commandstats usec). On a 2-core machine six nodes and the clients
 share two cores, so the cluster cannot show its speed-up here: the shares show
 that the load spreads. The machine is shared and noisy: read the ratios.
 """
