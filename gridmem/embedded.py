@@ -375,10 +375,16 @@ class EmbeddedCluster(_Started):
         except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
             return False
         info = dict(line.split(":", 1) for line in fields.splitlines() if ":" in line)
-        return (
+        if not (
             info.get("cluster_state") == "ok"
             and info.get("cluster_slots_ok") == "16384"
             and info.get("cluster_size") == str(self.masters)
+        ):
+            return False
+        # a replica that has not synced yet cannot take over from its primary
+        replication = self._ask(node, "INFO", "replication")  # parsed by redis-py
+        return bool(
+            replication.get("role") != "slave" or replication.get("master_link_status") == "up"
         )
 
     def primaries(self) -> list[int]:

@@ -308,6 +308,12 @@ class Executor:
         slot = slot_of(call.keys[0])
         try:
             return cluster.execute_command(*command, target_nodes=self._primary(cluster, slot))
+        except (redis.ConnectionError, redis.TimeoutError):
+            # the primary is gone (killed, in a failover): the next call reads the slot
+            # map anew, or it would go on asking the dead node (redis-py's retries off)
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                cluster.nodes_manager.initialize()
+            raise
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
@@ -532,6 +538,10 @@ class AsyncExecutor:
         try:
             node = await self._primary(cluster, slot)
             return await cluster.execute_command(*command, target_nodes=node)
+        except (redis.ConnectionError, redis.TimeoutError):
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                await cluster.nodes_manager.initialize()  # as Executor._fcall_cluster
+            raise
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
