@@ -14,7 +14,8 @@ over `redis.asyncio`, with the same ways to send:
   connection fault only if the call is idempotent (an XADD is not).
 - `transaction(commands)`: EXEC's replies, without parsing (tests compare them).
 - `command(*args)`: one plain command, sent once (the service's blocking XREAD,
-  the HSET of a rejected entry's reason).
+  the HSET of a rejected entry's reason); a blocking read that a failover ended
+  early raises `Unblocked`.
 
 The replies of MULTI/EXEC differ by executor: the sync one reads them raw (its
 own MULTI/EXEC), the async one through redis-py's pipeline, which applies its
@@ -32,8 +33,8 @@ redis-py (docs/scaling.md):
   function library is loaded on the node that lacks it, whichever it is now (a
   new primary, a replica promoted after a failover).
 - a MULTI/EXEC (a ReadCall, a CommandCall of several commands) runs on the
-  connection pool of the primary owning its first command's key (the first
-  argument after the command name: true of every transaction gridmem sends);
+  connection pool of the primary owning its first command's key (the argument
+  after the command name, or after its subcommand: XGROUP CREATE <key>);
   a MOVED or ASK reply there refreshes the slot map and is raised as `Rerouted`.
 - a lone plain command (a CommandCall of one, `command`) is routed by redis-py.
 
@@ -80,6 +81,17 @@ Commands = tuple[tuple[Any, ...], ...]
 class Rerouted(redis.ConnectionError):
     """A transaction sent to a node that no longer owns its slot (MOVED or ASK: the
     server ran none of it). The slot map is refreshed; resending goes to the owner."""
+
+
+class Unblocked(redis.ConnectionError):
+    """A blocking command (XREAD BLOCK) the server ended early because its role changed:
+    a failover made the primary a replica ("UNBLOCKED ... instance state changed").
+    Nothing was read; asking again reaches the new primary."""
+
+
+def unblocked(exc: redis.ResponseError) -> redis.ResponseError | Unblocked:
+    """The error a plain command's error reply stands for (Unblocked, or itself)."""
+    return Unblocked(str(exc)) if str(exc).startswith("UNBLOCKED") else exc
 
 
 # Connection faults of idempotent calls are retried with backoff; nothing else is. On a
@@ -141,8 +153,18 @@ def durable_reply(call: ScriptCall[Any] | CommandCall[Any], replies: list[Any]) 
     return _raise_errors(own) if isinstance(call, CommandCall) and len(call.commands) > 1 else own
 
 
+# Commands whose first argument names a subcommand, so their key comes second
+# (XGROUP CREATE <key> ...): of these, gridmem sends XGROUP.
+SUBCOMMAND_CONTAINERS = frozenset({"XGROUP", "XINFO", "OBJECT"})
+
+
+def command_key(command: tuple[Any, ...]) -> Any:
+    """The key a plain command names: the argument after its name (or its subcommand)."""
+    return command[2] if str(command[0]).upper() in SUBCOMMAND_CONTAINERS else command[1]
+
+
 def first_key(call: ScriptCall[Any] | CommandCall[Any]) -> Any:
-    return call.keys[0] if isinstance(call, ScriptCall) else call.commands[0][1]
+    return call.keys[0] if isinstance(call, ScriptCall) else command_key(call.commands[0])
 
 
 def retry_policy() -> dict[str, Any]:
@@ -180,8 +202,8 @@ def slot_of(key: Any) -> int:
 
 
 def transaction_slot(commands: Commands) -> int:
-    """The slot of a MULTI/EXEC: its first command's key, the argument after the name."""
-    return slot_of(commands[0][1])
+    """The slot of a MULTI/EXEC: its first command's key."""
+    return slot_of(command_key(commands[0]))
 
 
 Call = ScriptCall[T] | ReadCall[T] | CommandCall[T]
@@ -247,10 +269,13 @@ class Executor:
         return self._transaction(commands)
 
     def command(self, *args: Any) -> Any:
-        """One plain command, sent once."""
+        """One plain command, sent once. A blocking read a failover ended is Unblocked."""
         if self.closed:
             raise StoreClosed
-        return self._send(*args)
+        try:
+            return self._send(*args)
+        except redis.ResponseError as exc:
+            raise unblocked(exc) from None
 
     def close(self) -> None:
         """Close the client; every call after this raises StoreClosed. A cluster
@@ -308,12 +333,6 @@ class Executor:
         slot = slot_of(call.keys[0])
         try:
             return cluster.execute_command(*command, target_nodes=self._primary(cluster, slot))
-        except (redis.ConnectionError, redis.TimeoutError):
-            # the primary is gone (killed, in a failover): the next call reads the slot
-            # map anew, or it would go on asking the dead node (redis-py's retries off)
-            with contextlib.suppress(redis.RedisError, RedisClusterException):
-                cluster.nodes_manager.initialize()
-            raise
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
@@ -487,7 +506,10 @@ class AsyncExecutor:
         redis-py drop its connection: the reply is never read."""
         if self.closed:
             raise StoreClosed
-        return await self._send(*args)
+        try:
+            return await self._send(*args)
+        except redis.ResponseError as exc:
+            raise unblocked(exc) from None
 
     async def aclose(self) -> None:
         """As Executor.close (a cluster client's aclose disconnects every node)."""
@@ -538,10 +560,6 @@ class AsyncExecutor:
         try:
             node = await self._primary(cluster, slot)
             return await cluster.execute_command(*command, target_nodes=node)
-        except (redis.ConnectionError, redis.TimeoutError):
-            with contextlib.suppress(redis.RedisError, RedisClusterException):
-                await cluster.nodes_manager.initialize()  # as Executor._fcall_cluster
-            raise
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise

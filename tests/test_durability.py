@@ -25,12 +25,14 @@ from gridmem import (
     connect,
     connect_cluster,
     connect_cluster_async,
+    service_streams,
 )
 from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
 from gridmem.errors import DurabilityTimeout
 from gridmem.keys import KeySpace
 from tests.conftest import flush_cluster
 from tests.helpers import avatar
+from tests.test_shard_tags import slot
 
 pytestmark = pytest.mark.real
 
@@ -148,3 +150,41 @@ def test_no_replica_in_time_is_an_error_the_caller_sees(
         assert store.context(avatar(1), Channel.IM) == []  # the record itself never ran
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("door", ["sync", "async"])
+def test_the_service_queue_calls_wait_on_the_primary_of_their_own_key(
+    cluster: EmbeddedCluster, door: str
+) -> None:
+    """A command whose key follows a subcommand (XGROUP CREATE <key>) went with its
+    WAIT to the primary of the slot of "CREATE": MOVED, every attempt, so a worker
+    with durability = "replica" died at its start on two partitions of three."""
+    partitions = service_streams("gm", 3)
+    assert len({slot(k.inbound) for k in partitions}) == 3  # three slots, three primaries
+    if door == "sync":
+        store = ConversationStore(connect_cluster(cluster.url), CONFIG, durability="replica")
+        try:
+            created = [
+                store.executor.call(store.scripts.ensure_group(k, group="g")) for k in partitions
+            ]
+            again = [
+                store.executor.call(store.scripts.ensure_group(k, group="g")) for k in partitions
+            ]
+        finally:
+            store.close()
+    else:
+
+        async def run() -> tuple[list[bool], list[bool]]:
+            door = AsyncConversationStore(
+                connect_cluster_async(cluster.url), CONFIG, durability="replica"
+            )
+            try:
+                ensure = door.scripts.ensure_group
+                first = [await door.executor.call(ensure(k, group="g")) for k in partitions]
+                second = [await door.executor.call(ensure(k, group="g")) for k in partitions]
+                return first, second
+            finally:
+                await door.aclose()
+
+        created, again = asyncio.run(run())
+    assert (created, again) == ([True] * 3, [False] * 3)

@@ -59,7 +59,7 @@ from typing import Any
 from gridmem.clock import Clock, make_clock
 from gridmem.config import Settings, WorkerSettings
 from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
-from gridmem.executor import RETRYABLE
+from gridmem.executor import RETRYABLE, Unblocked
 from gridmem.keys import KeySpace, ServiceKeys
 from gridmem.partitions import partition_of
 from gridmem.records import AgentReply, AvatarMessage, DeadLetterReason, Receipt
@@ -295,7 +295,10 @@ class Worker:
                     await read
         if read.cancelled():
             return last_seen
-        found: Any = read.result()
+        try:
+            found: Any = read.result()
+        except Unblocked:  # a failover: the partition's new primary is asked next time
+            return last_seen
         return max([last_seen, *entry_ids(found)], key=stream_order)
 
     async def _adopt_orphans(self) -> None:
