@@ -168,6 +168,14 @@ def flush_cluster(cluster: EmbeddedCluster) -> None:
             node.close()
 
 
+@pytest.fixture
+def cluster(real_cluster: EmbeddedCluster) -> EmbeddedCluster:
+    """The test process's cluster, emptied (functions too). A module that starts its
+    own cluster names its own fixture so."""
+    flush_cluster(real_cluster)
+    return real_cluster
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

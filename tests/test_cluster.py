@@ -33,7 +33,6 @@ from gridmem import (
 )
 from gridmem.embedded import EmbeddedCluster
 from gridmem.keys import KeySpace
-from tests.conftest import flush_cluster
 from tests.helpers import avatar
 from tests.test_shard_tags import slot
 
@@ -41,13 +40,6 @@ pytestmark = pytest.mark.real
 
 SHARDS = 16
 WIDE = Limits(max_active_sessions=16_000, max_events=16_000)
-
-
-@pytest.fixture
-def cluster(real_cluster: EmbeddedCluster) -> EmbeddedCluster:
-    """The worker's cluster, emptied (functions too)."""
-    flush_cluster(real_cluster)
-    return real_cluster
 
 
 @pytest.fixture

@@ -30,7 +30,6 @@ from gridmem import (
 from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
 from gridmem.errors import DurabilityTimeout
 from gridmem.keys import KeySpace
-from tests.conftest import flush_cluster
 from tests.helpers import avatar
 from tests.test_shard_tags import slot
 
@@ -38,12 +37,6 @@ pytestmark = pytest.mark.real
 
 SHARDS = 6
 CONFIG = ConversationConfig(shards=SHARDS)
-
-
-@pytest.fixture
-def cluster(real_cluster: EmbeddedCluster) -> EmbeddedCluster:
-    flush_cluster(real_cluster)
-    return real_cluster
 
 
 @pytest.fixture

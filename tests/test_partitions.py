@@ -37,7 +37,7 @@ from gridmem.store import AsyncConversationStore, async_client_for
 from tests.conftest import flush_cluster, short_tempdir
 from tests.helpers import avatar
 from tests.test_cluster import node_keys, node_of_slot
-from tests.test_worker import DEADLINE, go, new_client
+from tests.test_worker import DEADLINE, go, new_client, watch
 from worker.llm import Message
 from worker.localllm import LocalChatServer
 
@@ -136,24 +136,37 @@ class HeldChat:
         return None
 
 
+class HeldRun:
+    """A worker over a HeldChat, started by start(); leaving its block releases the
+    model, stops the worker, waits for it and closes its store and the bridge's client."""
+
+    def __init__(
+        self, store: AsyncConversationStore, client: Any, settings: Settings, name: str
+    ) -> None:
+        from worker.service import Worker
+
+        self.store, self.client = store, client
+        self.chat = HeldChat()
+        self.worker = Worker(store, self.chat, settings, name=name)
+        self.written = watch(store)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.worker.run())
+
+    async def __aenter__(self) -> HeldRun:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.chat.release.set()
+        self.worker.stop()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, DEADLINE)
+        await self.store.aclose()
+        await self.client.aclose()
+
+
 PARTITIONS = 4
-
-
-def watch(store: AsyncConversationStore) -> asyncio.Event:
-    """An event set each time the store's executor has answered a call or a command."""
-    answered = asyncio.Event()
-    executor: Any = store.executor
-    for name in ("call", "command"):
-        send = getattr(executor, name)
-
-        async def sending(*args: Any, _send: Any = send) -> Any:
-            try:
-                return await _send(*args)
-            finally:
-                answered.set()
-
-        setattr(executor, name, sending)
-    return answered
 
 
 Sent = dict[tuple[str, str], list[str]]  # (avatar UUID, channel) -> entry IDs, as posted
@@ -242,7 +255,7 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
     stream of the avatar's partition; while they wait, each partition's keys sit in its
     slot. Keys a dead worker left in any partition are adopted. An entry posted to
     another partition's stream is dead-lettered there."""
-    from worker.service import GROUP, Worker
+    from worker.service import GROUP
 
     services = service_streams("gm", PARTITIONS)
 
@@ -253,11 +266,8 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
         )
         client = new_client()
         store = AsyncConversationStore(new_client(), settings.conversation, clock=ManualClock())
-        chat = HeldChat()
-        worker = Worker(store, chat, settings, name="w-test")
-        written = watch(store)
-        task: asyncio.Task[None] | None = None
-        try:
+        async with HeldRun(store, client, settings, "w-test") as run:
+            chat = run.chat
             # Given 16 avatars x 2 channels x 3 messages, each on its avatar's partition,
             sent = await post(client, services)
             # one posted to a partition its avatar is not in,
@@ -271,7 +281,7 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
                 await store.executor.call(store.scripts.ensure_group(keys, group=GROUP))
                 take = store.scripts.take_inbound(keys, group=GROUP, consumer="dead", count=1000)
                 assert len(await store.executor.call(take)) == await client.xlen(keys.inbound)
-            task = asyncio.create_task(worker.run())
+            run.start()
             # When the model is asked (and holds): the queue's keys are in their slots
             async with chat.changed:
                 held = chat.changed.wait_for(lambda: len(chat.requests) >= 4)
@@ -280,7 +290,8 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
             chat.release.set()
             # Then every message is answered once, per key in order, on its partition
             expected = sum(len(ids) for ids in sent.values())
-            check_answers(sent, await replies(client, services, expected, written), PARTITIONS)
+            answers = await replies(client, services, expected, run.written)
+            check_answers(sent, answers, PARTITIONS)
             check_requests_hold_one_key(chat.requests)  # type: ignore[arg-type]
             assert len(chat.requests) == expected  # the stray one never reached the model
             dead = [
@@ -290,13 +301,6 @@ def test_a_worker_answers_every_partition_once_in_order_on_the_avatars_partition
             assert dead == [{"id": stray, "reason": "wrong_partition"}]
             for keys in services:
                 assert await client.xlen(keys.inbound) == 0  # answered entries are deleted
-        finally:
-            chat.release.set()
-            worker.stop()
-            if task is not None:
-                await asyncio.wait_for(task, DEADLINE)
-            await store.aclose()
-            await client.aclose()
 
     go(scenario())
 
@@ -586,7 +590,6 @@ def test_the_service_on_a_real_cluster_answers_every_message_once_in_order(
     the order posted, on the avatar's partition; no request to the model mixes keys;
     while the model holds, each partition's queue keys sit on the primary that owns
     their slot (CLUSTER SLOTS), and afterwards the sessions too, spread over all three."""
-    from worker.service import Worker
 
     flush_cluster(real_cluster)
     services = service_streams("gm", PARTITIONS)
@@ -604,15 +607,12 @@ def test_the_service_on_a_real_cluster_answers_every_message_once_in_order(
             settings.conversation,
             clock=ManualClock(),
         )
-        chat = HeldChat()
-        worker = Worker(store, chat, settings, name="w-cluster")
-        written = watch(store)
-        task: asyncio.Task[None] | None = None
-        try:
+        async with HeldRun(store, client, settings, "w-cluster") as run:
+            chat = run.chat
             # Given 40 avatars x 2 channels x 2 messages, each on its avatar's partition
             sent = await post_each_key(client, services, CLUSTER_AVATARS, 2)
             # When a worker answers them (the model holding its first calls)
-            task = asyncio.create_task(worker.run())
+            run.start()
             async with chat.changed:
                 held = chat.changed.wait_for(lambda: len(chat.requests) >= 4)
                 await asyncio.wait_for(held, DEADLINE)
@@ -621,19 +621,12 @@ def test_the_service_on_a_real_cluster_answers_every_message_once_in_order(
             chat.release.set()
             # and every message is answered once, per key in order, on its partition
             expected = sum(len(ids) for ids in sent.values())
-            check_answers(sent, await replies(client, services, expected, written), PARTITIONS)
+            check_answers(sent, await replies(client, services, expected, run.written), PARTITIONS)
             check_requests_hold_one_key(chat.requests)
             assert len(chat.requests) == expected
             for keys in services:
                 assert await client.xlen(keys.inbound) == 0  # answered entries are deleted
             return sent
-        finally:
-            chat.release.set()
-            worker.stop()
-            if task is not None:
-                await asyncio.wait_for(task, DEADLINE)
-            await store.aclose()
-            await client.aclose()
 
     sent = asyncio.run(asyncio.wait_for(scenario(), 3 * DEADLINE))
     # and each session lives on its slot's primary, all three holding some

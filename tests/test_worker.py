@@ -123,17 +123,7 @@ class Run:
 
     def watch(self) -> None:
         """Set `sent` whenever the worker's executor has answered a call or a command."""
-        executor = self.store.executor
-        for name in ("call", "command"):
-            send = getattr(executor, name)
-
-            async def sending(*args: Any, _send: Any = send) -> Any:
-                try:
-                    return await _send(*args)
-                finally:
-                    self.sent.set()
-
-            setattr(executor, name, sending)
+        watch(self.store, self.sent)
 
     async def answered(self, *ids: str) -> None:
         async def done() -> bool:
@@ -171,6 +161,24 @@ async def running(
         await asyncio.wait_for(task, DEADLINE)
         await store.aclose()
         await client.aclose()
+
+
+def watch(store: AsyncConversationStore, answered: asyncio.Event | None = None) -> asyncio.Event:
+    """An event (`answered`, or a new one) set each time the store's executor has
+    answered a call or a command."""
+    event = answered or asyncio.Event()
+    executor: Any = store.executor
+    for name in ("call", "command"):
+        send = getattr(executor, name)
+
+        async def sending(*args: Any, _send: Any = send) -> Any:
+            try:
+                return await _send(*args)
+            finally:
+                event.set()
+
+        setattr(executor, name, sending)
+    return event
 
 
 def go(scenario: Awaitable[None]) -> None:
