@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis as redis_py
@@ -31,6 +30,7 @@ from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
 from gridmem.errors import DurabilityTimeout
 from gridmem.keys import KeySpace
 from tests.helpers import avatar
+from tests.test_cluster import on_node
 from tests.test_shard_tags import slot
 
 pytestmark = pytest.mark.real
@@ -46,14 +46,6 @@ def durable(cluster: EmbeddedCluster) -> Iterator[ConversationStore]:
     )
     yield store
     store.close()
-
-
-def on_node(cluster: EmbeddedCluster, port: int, *command: Any) -> Any:
-    node = cluster.node_client(port)
-    try:
-        return node.execute_command(*command)
-    finally:
-        node.close()
 
 
 def waits(cluster: EmbeddedCluster) -> int:
