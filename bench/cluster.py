@@ -33,7 +33,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -43,9 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits
-from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
-from gridmem.store import connect, connect_cluster
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem.embedded import EmbeddedCluster
+from gridmem.embedded import EmbeddedValkey
+from gridmem.store import connect
+from gridmem.store import connect_cluster
 from worker.progress import step
 
 SHARDS = 16

@@ -41,19 +41,26 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from gridmem import AgentReply, AvatarMessage, ConversationConfig, ConversationStore, Limits
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
 from gridmem.context import ENTRY_CACHE
 from gridmem.embedded import EmbeddedValkey
 from gridmem.keys import KeySpace
 from gridmem.records import Channel
-from gridmem.scripts import ClockReading, Scripts, limits_packet
+from gridmem.scripts import ClockReading
+from gridmem.scripts import Scripts
+from gridmem.scripts import limits_packet
 from worker.progress import step
 
 TEXT = "hi! is the sandbox open today? I want to build a boat near the welcome area, ok?"

@@ -23,12 +23,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gridmem import AgentReply, AvatarMessage, ConversationStore
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
 from gridmem.embedded import EmbeddedValkey
 from worker.progress import step
 

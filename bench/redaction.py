@@ -22,9 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gridmem import AvatarMessage, ConversationStore
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
 from gridmem.embedded import EmbeddedValkey
-from gridmem.redaction import DEFAULT_REDACTOR, RULES
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.redaction import RULES
 
 CHAT_LINES = [
     "hi! is the sandbox open today?",
@@ -95,6 +97,13 @@ def hostile(size: int) -> dict[str, str]:
         "10k invisible chars": invisible(size),
         "mixed-script text": corpus(MIXED_LINES, size),
         "runs of sk-": repeat("sk-", size),
+        "percent escapes %41x": repeat("%41x", size),
+        "json escapes \\u0070": repeat("\\u0070", size),
+        "html entities &quot;": repeat("&quot;", size),
+        "escaped names %70assword=": repeat("%70assword=ab%3D1 ", size),
+        "look-alike names p\u0430ssword=": repeat("p\u0430ssword=x1 ", size),
+        "russian chat": corpus(["Привет, где песочница? Ключ к успеху: терпение",
+                                "\u0422\u041e\u041a\u0415\u041d игры: золото, пароль не скажу"], size),
         "nested brackets": "[(<{" * (size // 8) + "}>)]" * (size // 8),
         "near matches": corpus(
             ["sk-abc", "password ;", "http://h/cap/8a5e2c1b-0d6f", "ghp_", "eyJx.eyJ", "AKIA12",

@@ -23,16 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gridmem import (
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ToolSummary,
-)
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ToolSummary
 from gridmem.embedded import EmbeddedValkey
 from worker.progress import step
 
@@ -47,15 +45,17 @@ PRESSURE = Limits(
     max_aggregate_bytes=4 * 1024 * 1024,
     max_events=10_000,
 )
-ROOMY = Limits(
-    max_active_sessions=1_000_000,
-    max_turns_per_session=5000,
-    max_tool_results_per_session=500,
-    max_text_bytes=1000,
-    max_tool_result_bytes=1000,
-    max_session_bytes=8 * 1024 * 1024,
-    max_aggregate_bytes=16 * 1024**3,
-    max_events=10_000,
+# PRESSURE's record sizes, with every count and byte bound far out of reach
+ROOMY = Limits.model_validate(
+    PRESSURE.model_dump()
+    | {
+        "max_active_sessions": 1_000_000,
+        "max_turns_per_session": 5000,
+        "max_tool_results_per_session": 500,
+        "max_summary_bytes": Limits().max_summary_bytes,
+        "max_session_bytes": 8 * 1024 * 1024,
+        "max_aggregate_bytes": 16 * 1024**3,
+    }
 )
 CHUNK = 1000
 

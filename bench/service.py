@@ -1,39 +1,136 @@
 """End-to-end service throughput and latency: inbound stream -> workers -> outbound stream.
 
-    python bench/service.py [--messages 3000] [--avatars 600] [--quick]
+    python bench/service.py [--quick] [--base DIR]
 
 Runs the real service (supervisor, private Valkey, worker processes) in this
-process's background and plays a grid bridge: a burst of messages over many
-avatars on both channels, then reads every reply from the outbound stream.
-Rows: the built-in offline responder with 1 and 2 worker processes (their ratio
-is the scaling), and the DESIGN yardstick: 1 process at concurrency 32 against
-an endpoint that takes 500 ms per answer (target: at least 50 messages/s).
-Latency is from XADD on the inbound stream to the reply's arrival on the
-outbound stream, for a burst (so it includes queueing).
+process's background and plays a grid bridge, then reads every reply from the
+outbound stream. Latency is from XADD on the inbound stream to the reply's
+arrival on the outbound stream (so a burst's latency includes queueing).
+
+Tables (issue 16):
+- yardstick: a raw HTTP/1.1 client alone (nothing of gridmem), then worker.llm's client, against the
+  local endpoint (`python -m worker.localllm`, its own process) with a fixed
+  latency L and C requests in flight: requests/s against C / L. It shows the
+  endpoint is not what bounds the rows below.
+- the L x C grid: one process at concurrency C against that endpoint, 2 x C
+  avatars (half public, half IM), a burst of `rounds` x C messages: messages/s
+  against C / L (target >= 0.9), RSS growth of the worker per conversation in
+  flight (peak minus idle, over C; target <= 64 KiB), p50/p99, and Redis commands
+  per answered message (INFO commandstats before and after, the bench's own
+  commands taken off).
+- paced: messages sent at 0.8 x the measured ceiling of C = 1,024 (L = 2 s, or
+  0.5 s with --quick): p99 (target <= L + 1 s).
+- offline responder (no endpoint: CPU only, the CPU ceiling) for 1 and 2
+  processes; with --base DIR also the same rows of the checkout in DIR (run by
+  its own bench/service.py, back to back) and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil
 import redis
 
+from gridmem.config import LlmSettings
 from gridmem.config import Settings
 from tests.helpers import avatar
-from worker.localllm import LocalChatServer
+from worker.llm import OpenAICompatible
 from worker.progress import step
 from worker.service import GROUP
 from worker.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Endpoint:
+    """`python -m worker.localllm --delay L` in its own process (not this one's GIL)."""
+
+    def __init__(self, delay: float) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "worker.localllm", "--delay", str(delay)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert self.process.stdout is not None
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            raise RuntimeError("the local endpoint did not start")
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+async def raw_caller(url: str, rounds: int) -> None:
+    """`rounds` chat completions one after another on one kept-alive connection,
+    HTTP/1.1 by hand: as little client as can be, so the endpoint is what is measured."""
+    address = urlsplit(url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hello"}]}'
+    request = (
+        f"POST {address.path}/chat/completions HTTP/1.1\r\nHost: {address.netloc}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    for _ in range(rounds):
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError("the local endpoint did not answer 200")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length[1]) if length else 0)
+    writer.close()
+
+
+def yardstick(delay: float, concurrency: int, rounds: int) -> dict[str, float]:
+    """C callers, each of `rounds` requests one after another: once with a raw
+    client (the endpoint alone), once with worker.llm's client (what a worker uses)."""
+
+    async def raw(url: str) -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(raw_caller(url, rounds) for _ in range(concurrency)))
+        return time.perf_counter() - start
+
+    async def ours(url: str) -> float:
+        settings = LlmSettings(base_url=url, timeout_seconds=60)
+        client = OpenAICompatible(settings, connections=2 * concurrency)
+        messages = [{"role": "user", "content": "hello"}]
+
+        async def caller() -> None:
+            for _ in range(rounds):
+                await client.complete(messages)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+        await client.aclose()
+        return elapsed
+
+    ideal = concurrency / delay
+    with Endpoint(delay) as endpoint:
+        alone = concurrency * rounds / asyncio.run(raw(endpoint.url))
+        client = concurrency * rounds / asyncio.run(ours(endpoint.url))
+    return {"rate": alone, "efficiency": alone / ideal, "client": client / ideal}
 
 
 def wait_for_workers(client: Any, supervisor: threading.Thread, processes: int) -> None:
@@ -54,15 +151,78 @@ def wait_for_workers(client: Any, supervisor: threading.Thread, processes: int) 
         supervisor.join(timeout=0.05)
 
 
+def commands(client: Any) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name: int(entry["calls"]) for name, entry in stats.items()}
+
+
+def worker_rss(supervisor: Supervisor) -> int:
+    total = 0
+    for slot in supervisor._slots:  # the bench looks inside: RSS of the worker processes
+        if slot.process is not None and slot.process.pid is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += psutil.Process(slot.process.pid).memory_info().rss
+    return total
+
+
+def send(url: str, messages: int, avatars: int, pace: float | None, sent: dict[str, float]) -> None:
+    """The bridge: `messages` XADDs over `avatars` x 2 channels, as fast as it can or
+    at `pace` messages/s; each entry's send time goes into `sent`."""
+    sender: Any = redis.Redis.from_url(url, decode_responses=True)
+    start = time.perf_counter()
+    for n in range(messages):
+        if pace:
+            delay = start + n / pace - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)  # pacing the load generator, not waiting on behaviour
+        channel = "im" if n % 2 else "public"
+        fields = {"avatar_uuid": avatar(n % avatars), "channel": channel, "text": f"hi {n}"}
+        at = time.perf_counter()
+        sent[sender.xadd("gm:inbound", fields)] = at
+    sender.close()
+
+
+def collect(
+    client: Any, sent: dict[str, float], messages: int, on_read: Any, label: str
+) -> tuple[list[float], float, int]:
+    """Every reply's latency, the time of the last one, and the XREADs it took."""
+    latencies: list[float] = []
+    early: dict[str, float] = {}  # replies read before the sender noted their entry
+    cursor, last, reads, start = "0-0", 0.0, 0, time.perf_counter()
+    with step(sys.stderr, label, messages) as bar:
+        while len(latencies) < messages:
+            found = client.xread({"gm:outbound": cursor}, count=1000, block=500)
+            reads += 1
+            now = time.perf_counter()
+            for _, entries in found or ():
+                for entry_id, fields in entries:
+                    cursor = entry_id
+                    early[fields["in_reply_to"]] = now
+            for entry_id in [e for e in early if e in sent]:
+                latencies.append(early[entry_id] - sent.pop(entry_id))
+                last = max(last, early.pop(entry_id))
+            on_read(reads)
+            bar(len(latencies))
+            if now - start > 600:
+                raise RuntimeError("too slow: gave up after 600 s")
+    return latencies, last, reads
+
+
 def run_case(
-    processes: int, messages: int, avatars: int, llm_delay: float | None
+    processes: int,
+    messages: int,
+    avatars: int,
+    llm_url: str | None,
+    *,
+    concurrency: int = 32,
+    pace: float | None = None,
 ) -> dict[str, float]:
+    """One service run: a burst of `messages` (or `pace` messages/s) over `avatars` x 2 channels."""
     base = Path(tempfile.mkdtemp(prefix="gm-bench-svc-", dir="/tmp"))
-    llm = LocalChatServer(delay_seconds=llm_delay or 0).start() if llm_delay is not None else None
     settings = Settings(
         storage_path=base,
-        llm={"base_url": llm.url if llm else None, "timeout_seconds": 30},
-        worker={"processes": processes, "concurrency": 32, "log_level": "WARNING"},
+        llm={"base_url": llm_url, "timeout_seconds": 60},
+        worker={"processes": processes, "concurrency": concurrency, "log_level": "WARNING"},
     )
     supervisor = Supervisor(settings, handle_signals=False)
     thread = threading.Thread(target=supervisor.run, daemon=True)
@@ -72,69 +232,163 @@ def run_case(
             raise RuntimeError("service did not start")
         client: Any = redis.Redis.from_url(supervisor.url, decode_responses=True)
         wait_for_workers(client, thread, processes)  # not part of the measurement
+        idle_rss = worker_rss(supervisor)
+        rss = [idle_rss]
+
+        def sample(reads: int) -> None:
+            if reads % 4 == 0:
+                rss.append(worker_rss(supervisor))
+
+        before = commands(client)
         sent: dict[str, float] = {}
         start = time.perf_counter()
-        for n in range(messages):
-            channel = "im" if n % 2 else "public"
-            fields = {"avatar_uuid": avatar(n % avatars), "channel": channel, "text": f"hello {n}"}
-            sent[client.xadd("gm:inbound", fields)] = time.perf_counter()
-        latencies: list[float] = []
-        cursor = "0-0"
-        last = start
-        with step(sys.stderr, f"{processes} process(es)", messages) as bar:
-            while len(latencies) < messages:
-                found = client.xread({"gm:outbound": cursor}, count=1000, block=1000)
-                now = time.perf_counter()
-                for _, entries in found or ():
-                    for entry_id, fields in entries:
-                        cursor = entry_id
-                        if fields["in_reply_to"] in sent:
-                            latencies.append(now - sent.pop(fields["in_reply_to"]))
-                            last = now
-                bar(len(latencies))
-                if now - start > 600:
-                    raise RuntimeError("too slow: gave up after 600 s")
+        args = (supervisor.url, messages, avatars, pace, sent)
+        sender = threading.Thread(target=send, args=args, daemon=True)
+        sender.start()
+        label = f"{processes}p C={concurrency}"
+        latencies, last, reads = collect(client, sent, messages, sample, label)
+        sender.join()
+        after = commands(client)
         client.close()
     finally:
         supervisor.stop()
         thread.join(60)
-        if llm:
-            llm.stop()
         shutil.rmtree(base, ignore_errors=True)
+    peak_rss = max(rss)
+    ours = {"xadd": messages, "xread": reads}  # the bench's own; the INFO calls are not counted
+    spent = sum(after.values()) - sum(before.values())
+    spent -= sum(ours.values()) + after.get("cmdstat_info", 0) - before.get("cmdstat_info", 0)
+    # Commands run inside a Lua function count too; the calls a client sends as such
+    # (its round trips) are the functions plus what is never called from our Lua.
+    top_level = ("fcall", "fcall_ro", "multi", "xreadgroup", "function", "ping", "wait")
+    trips = sum(
+        after.get(f"cmdstat_{name}", 0) - before.get(f"cmdstat_{name}", 0) for name in top_level
+    )
     ordered = sorted(latencies)
     return {
+        "round_trips": trips / messages,
         "rate": messages / (last - start),
         "p50": statistics.median(ordered) * 1000,
         "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1000,
+        "rss_per_conversation": (peak_rss - idle_rss) / concurrency,
+        "commands": spent / messages,
     }
+
+
+def base_offline(base: Path, messages: int) -> tuple[float, float]:
+    """The offline rows of the checkout in `base`, by its own bench, back to back."""
+    env = {**os.environ, "PYTHONPATH": str(base)}
+    out = subprocess.run(
+        [sys.executable, str(base / "bench" / "service.py"), "--messages", str(messages)],
+        cwd=base,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rates = [
+        float(
+            re.search(rf"offline responder, {n} process(?:es)?\s+([\d,]+)", out)[1].replace(",", "")
+        )  # type: ignore[index]
+        for n in (1, 2)
+    ]
+    return rates[0], rates[1]
+
+
+Grid = list[tuple[float, int, dict[str, float], dict[str, float]]]
+
+
+def run_grid(
+    latencies: list[float], concurrencies: list[int], quick: bool
+) -> tuple[Grid, dict[str, float]]:
+    """The yardstick and service rows of every (L, C), then the paced run."""
+    grid: Grid = []
+    for delay in latencies:
+        rounds = (4 if quick else 8) if delay < 1 else 3
+        for c in concurrencies:
+            stick = yardstick(delay, c, 3)
+            with Endpoint(delay) as endpoint:
+                result = run_case(1, rounds * c, 2 * c, endpoint.url, concurrency=c)
+            grid.append((delay, c, stick, result))
+    delay = latencies[-1]
+    ceiling = next(r["rate"] for d, c, _, r in grid if d == delay and c == concurrencies[-1])
+    rate = 0.8 * ceiling
+    with Endpoint(delay) as endpoint:
+        paced = run_case(
+            1,
+            int(rate * (8 if quick else 15)),
+            2 * concurrencies[-1],
+            endpoint.url,
+            concurrency=concurrencies[-1],
+            pace=rate,
+        )
+    paced["delay"], paced["pace"] = delay, rate
+    return grid, paced
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--messages", type=int, default=3000)
-    parser.add_argument("--avatars", type=int, default=600)
-    parser.add_argument("--quick", action="store_true", help="1,000 messages")
+    parser.add_argument("--messages", type=int, default=3000, help="offline rows' burst")
+    parser.add_argument("--avatars", type=int, default=600, help="offline rows' avatars")
+    parser.add_argument("--quick", action="store_true", help="L = 0.5 s only, shorter bursts")
+    parser.add_argument("--base", type=Path, help="a checkout to compare the offline rows with")
+    parser.add_argument("--no-grid", action="store_true", help="offline rows only")
     args = parser.parse_args()
     if args.quick:
         args.messages = 1000
+    latencies = [0.5] if args.quick else [0.5, 2.0]
+    concurrencies = [32, 256, 1024]
+
+    grid, paced = ([], None) if args.no_grid else run_grid(latencies, concurrencies, args.quick)
     one = run_case(1, args.messages, args.avatars, None)
     two = run_case(2, args.messages, args.avatars, None)
-    slow_messages = 640 if args.quick else 1280  # 20 or 40 rounds of 32 calls of 500 ms
-    slow = run_case(1, slow_messages, args.avatars, 0.5)
-    burst = f"{args.messages:,} messages over {args.avatars} avatars x 2 channels"
-    print(f"\n{burst}, sent as one burst ({slow_messages} for the 500 ms case)\n")
-    print(f"{'case':<44} {'messages/s':>11} {'p50 ms':>9} {'p99 ms':>9}")
-    rows = [
-        ("offline responder, 1 process", one),
-        ("offline responder, 2 processes", two),
-        ("500 ms endpoint, 1 process, concurrency 32", slow),
-    ]
-    for name, result in rows:
-        print(f"{name:<44} {result['rate']:>11,.0f} {result['p50']:>9,.0f} {result['p99']:>9,.0f}")
-    print(f"\nscaling 2 processes / 1 process: {two['rate'] / one['rate']:.2f}")
-    print(f"yardstick (500 ms endpoint, target >= 50 messages/s): {slow['rate']:.0f}")
+    base_rates = base_offline(args.base, args.messages) if args.base else None
+
+    if grid:
+        print(
+            "\nyardstick: a raw HTTP/1.1 client alone against the local endpoint (C callers, 3 requests each)"
+        )
+        print(
+            f"{'L s':>5} {'C':>6} {'requests/s':>11} {'C/L':>7} {'ratio':>6} {'worker.llm client ratio':>24}"
+        )
+        for delay, c, stick, _ in grid:
+            print(
+                f"{delay:>5} {c:>6} {stick['rate']:>11,.0f} {c / delay:>7,.0f} {stick['efficiency']:>6.2f} {stick['client']:>24.2f}"
+            )
+        print("\nL x C: 1 worker process, concurrency C, 2 x C avatars, one burst")
+        head = f"{'L s':>5} {'C':>6} {'msgs/s':>8} {'C/L':>7} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} {'RSS/conv KiB':>13} {'cmds/msg':>9} {'trips/msg':>9}"
+        print(head)
+        for delay, c, _, r in grid:
+            print(
+                f"{delay:>5} {c:>6} {r['rate']:>8,.0f} {c / delay:>7,.0f} {r['rate'] / (c / delay):>6.2f}"
+                f" {r['p50']:>8,.0f} {r['p99']:>8,.0f} {r['rss_per_conversation'] / 1024:>13,.1f} {r['commands']:>9.1f} {r['round_trips']:>9.1f}"
+            )
+    if paced:
+        print(
+            f"\npaced at 0.8 x the C = 1,024 ceiling ({paced['pace']:,.0f} messages/s, L = {paced['delay']} s):"
+            f" {paced['rate']:,.0f} messages/s, p50 {paced['p50']:,.0f} ms, p99 {paced['p99']:,.0f} ms"
+            f" (target <= {(paced['delay'] + 1) * 1000:,.0f})"
+        )
+    burst = f"{args.messages:,} messages over {args.avatars} avatars x 2 channels, one burst"
+    print(f"\noffline responder (no endpoint; the CPU ceiling), {burst}")
+    print(
+        f"{'case':<32} {'messages/s':>11} {'p50 ms':>9} {'p99 ms':>9} {'cmds/msg':>9} {'trips/msg':>9}"
+    )
+    for name, r in (("1 process", one), ("2 processes", two)):
+        print(
+            f"{name:<32} {r['rate']:>11,.0f} {r['p50']:>9,.0f} {r['p99']:>9,.0f} {r['commands']:>9.1f} {r['round_trips']:>9.1f}"
+        )
+    print(f"scaling 2 processes / 1 process: {two['rate'] / one['rate']:.2f}")
+    if base_rates:
+        print(
+            f"\nbase {args.base}: 1 process {base_rates[0]:,.0f}, 2 processes {base_rates[1]:,.0f}"
+        )
+        print(
+            f"this / base: 1 process {one['rate'] / base_rates[0]:.2f}x,"
+            f" 2 processes {two['rate'] / base_rates[1]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

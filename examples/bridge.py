@@ -45,14 +45,18 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import redis
 
-from gridmem import InvalidAvatarId, partition_of, service_streams
+from gridmem import InvalidAvatarId
+from gridmem import partition_of
+from gridmem import service_streams
 
 log = logging.getLogger("bridge")
 

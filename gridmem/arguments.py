@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 
 from gridmem.errors import BadScriptArgument
-from gridmem.ids import SESSION_ID, UUID_CANONICAL
+from gridmem.ids import SESSION_ID
+from gridmem.ids import UUID_CANONICAL
 from gridmem.records import Channel
-from gridmem.validate import plain_int, plain_str
+from gridmem.validate import plain_int
+from gridmem.validate import plain_str
 
 # The shapes the scripts checked, as Lua patterns read them ('%d' and '%w' are ASCII).
 ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")  # a stream entry ID, '^%d+%-%d+$'

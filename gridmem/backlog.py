@@ -53,29 +53,35 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import redis
 
 from gridmem.errors import InvalidInput
-from gridmem.keys import INBOUND_FIELDS, OUTBOUND_FIELDS, ServiceKeys
-from gridmem.partitions import MAX_PARTITIONS, partition_of
-from gridmem.redaction import DEFAULT_REDACTOR, Redactor
-from gridmem.snapshots import (
-    HEADER_SIZE,
-    TEMP_PREFIX,
-    Header,
-    SnapshotDirectory,
-    SnapshotError,
-    SnapshotInvalid,
-    _fsync_directory,
-    _open_regular,
-    parse_header,
-    unredacted,
-)
+from gridmem.keys import INBOUND_FIELDS
+from gridmem.keys import OUTBOUND_FIELDS
+from gridmem.keys import ServiceKeys
+from gridmem.partitions import MAX_PARTITIONS
+from gridmem.partitions import partition_of
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.redaction import Redactor
+from gridmem.snapshots import HEADER_SIZE
+from gridmem.snapshots import TEMP_PREFIX
+from gridmem.snapshots import Header
+from gridmem.snapshots import SnapshotDirectory
+from gridmem.snapshots import SnapshotError
+from gridmem.snapshots import SnapshotInvalid
+from gridmem.snapshots import _fsync_directory
+from gridmem.snapshots import _open_regular
+from gridmem.snapshots import parse_header
+from gridmem.snapshots import unredacted
 
 if TYPE_CHECKING:
     from gridmem.executor import Executor

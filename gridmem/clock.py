@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol
+from typing import runtime_checkable
 
 # A fixed default wall time keeps two ManualClock runs byte-identical.
 DEFAULT_MANUAL_WALL_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

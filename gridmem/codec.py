@@ -14,7 +14,8 @@ member unique. Python is the only writer of payloads and the only reader of entr
 from __future__ import annotations
 
 import json
-from typing import NamedTuple, cast
+from typing import NamedTuple
+from typing import cast
 
 from gridmem.errors import CorruptRecord
 from gridmem.kinds import KINDS

@@ -15,23 +15,21 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any
+from typing import Literal
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import ValidationError
+from pydantic import ValidationInfo
+from pydantic import field_validator
+from pydantic import model_validator
+from pydantic_settings import BaseSettings
+from pydantic_settings import PydanticBaseSettingsSource
+from pydantic_settings import SettingsConfigDict
 
 from gridmem.errors import ConfigError
 from gridmem.partitions import MAX_PARTITIONS
@@ -353,6 +351,37 @@ class LlmSettings(BaseModel):
     # starting at retry_wait_seconds; then the resident gets a failure notice.
     max_retries: int = Field(default=3, ge=0, le=10)
     retry_wait_seconds: float = Field(default=0.5, ge=0, le=60)
+    # The model's context window in tokens: the context sent is sized to it, less the
+    # system prompt and reply_tokens (worker/llm.py context_budget). None: the whole
+    # context, however long.
+    context_tokens: int | None = Field(default=None, ge=1)
+    # Tokens kept free in the window for the model's reply.
+    reply_tokens: int = Field(default=1024, ge=0)
+    # How context_tokens are counted: "bytes" (UTF-8 bytes, never fewer than the tokens
+    # of a byte-level BPE tokenizer), or exact for OpenAI models with gridmem[tokens]:
+    # an encoding ("o200k_base", "cl100k_base") or a model name ("gpt-4o").
+    tokenizer: str = "bytes"
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _known_tokenizer(cls, value: str) -> str:
+        from gridmem.tokens import ENCODINGS
+        from gridmem.tokens import encoding_for_model
+
+        if value != "bytes" and value not in ENCODINGS and encoding_for_model(value) is None:
+            raise ValueError(
+                f"unknown tokenizer {value!r}: 'bytes', {', '.join(ENCODINGS)} or an OpenAI model"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _room_for_a_reply(self) -> LlmSettings:
+        if self.context_tokens is not None and self.context_tokens <= self.reply_tokens:
+            raise ValueError(
+                f"context_tokens ({self.context_tokens}) must be larger than reply_tokens "
+                f"({self.reply_tokens})"
+            )
+        return self
 
 
 class WorkerSettings(BaseModel):

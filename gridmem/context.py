@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 from pydantic import TypeAdapter
 
-from gridmem.codec import StoredEntry, read_entries
+from gridmem.codec import StoredEntry
+from gridmem.codec import read_entries
 from gridmem.errors import CorruptRecord
-from gridmem.records import KIND_ROLE, KIND_UNTRUSTED, ContextMessage, TurnView
+from gridmem.records import KIND_ROLE
+from gridmem.records import KIND_UNTRUSTED
+from gridmem.records import ContextMessage
+from gridmem.records import TurnView
 from gridmem.scripts import texts
 
 # pydantic's validators without ContextMessage's __init__ wrapper: the same checks,

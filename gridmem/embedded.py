@@ -25,17 +25,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from types import FrameType
+from types import TracebackType
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Self
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gridmem.config import Settings
-from gridmem.errors import ConfigError, GridmemError
+from gridmem.errors import ConfigError
+from gridmem.errors import GridmemError
 from gridmem.executor import Executor
 
 if TYPE_CHECKING:

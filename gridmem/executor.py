@@ -50,8 +50,10 @@ A closed executor refuses every call with StoreClosed before a command is sent.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
 
 import hiredis
 import redis
@@ -60,18 +62,20 @@ import redis.asyncio.cluster as async_cluster
 import redis.cluster
 import tenacity
 from redis.crc import key_slot
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    MasterDownError,
-    MovedError,
-    RedisClusterException,
-    SlotNotCoveredError,
-)
+from redis.exceptions import AskError
+from redis.exceptions import ClusterDownError
+from redis.exceptions import MasterDownError
+from redis.exceptions import MovedError
+from redis.exceptions import RedisClusterException
+from redis.exceptions import SlotNotCoveredError
 
 from gridmem.config import Durability
-from gridmem.errors import DurabilityTimeout, StoreClosed, script_error_from_reply
-from gridmem.replies import CommandCall, ReadCall, ScriptCall
+from gridmem.errors import DurabilityTimeout
+from gridmem.errors import StoreClosed
+from gridmem.errors import script_error_from_reply
+from gridmem.replies import CommandCall
+from gridmem.replies import ReadCall
+from gridmem.replies import ScriptCall
 
 T = TypeVar("T")
 
@@ -319,12 +323,36 @@ class Executor:
         if self.cluster is not None:
             return self._fcall_cluster(self.cluster, call, command)
         try:
-            return self._send(*command)
+            return self._packed(command)
         except redis.ResponseError as exc:
             if not is_function_missing(exc):
                 raise
             self._load(call, self._send)
-            return self._send(*command)
+            return self._packed(command)
+
+    def _packed(self, command: tuple[Any, ...]) -> Any:
+        """One command packed by hiredis and written to a pooled connection, its reply
+        read there: redis-py's own path (execute_command) encodes each of an FCALL's
+        ~26 arguments in Python, half of record's client time in one profile
+        (docs/benchmarks.md). The pool is redis-py's: thread-safe (a connection is
+        one thread's until released) and fork-safe (a child's first get_connection
+        drops the parent's connections, ConnectionPool._checkpid). A single-connection
+        client goes through execute_command, which holds its lock."""
+        client: Any = self.client
+        if client.connection is not None:
+            return client.execute_command(*command)
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([hiredis.pack_command(command)])
+            return conn.read_response()
+        except redis.ResponseError:
+            raise  # an error reply: the connection read it whole and stays usable
+        except BaseException:
+            conn.disconnect()  # dropped, never reused with a reply unread
+            raise
+        finally:
+            pool.release(conn)
 
     def _fcall_cluster(self, cluster: Any, call: ScriptCall[Any], command: tuple[Any, ...]) -> Any:
         """FCALL on the primary of its keys' slot. redis-py follows a MOVED or ASK (the

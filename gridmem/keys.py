@@ -50,7 +50,8 @@ from dataclasses import dataclass
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from gridmem.partitions import partition_of, partition_tags
+from gridmem.partitions import partition_of
+from gridmem.partitions import partition_tags
 from gridmem.records import Channel
 
 SESSION_PARTS: tuple[str, ...] = ("meta", "turns", "idem", "summary", "archive")
@@ -248,25 +249,18 @@ class KeySpace:
         return self._service_keys[partition_of(avatar_uuid, self.partitions)]
 
     def _build_service(self, partition: int) -> ServiceKeys:
-        if self.partitions == 1:  # the names every bridge has used from the start
-            inbound = f"{self.namespace}:inbound"
-            return ServiceKeys(
-                inbound=inbound,
-                outbound=f"{self.namespace}:outbound",
-                dead=f"{self.namespace}:dead",
-                # in the inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
-                ready=f"{{{inbound}}}:ready",
-                attempts=f"{{{inbound}}}:attempts",
-                rejected=f"{{{inbound}}}:rejected",
+        if self.partitions == 1:
+            # the names every bridge has used from the start; the bookkeeping keys in the
+            # inbound stream's cluster slot: `{gm:inbound}` hashes like `gm:inbound`
+            streams = f"{self.namespace}:"
+            bookkeeping = f"{{{streams}inbound}}:"
+        else:
+            streams = bookkeeping = (
+                f"{self.namespace}:{{{partition_tags(self.partitions)[partition]}}}:"
             )
-        p = f"{self.namespace}:{{{partition_tags(self.partitions)[partition]}}}:"
         return ServiceKeys(
-            inbound=p + "inbound",
-            outbound=p + "outbound",
-            dead=p + "dead",
-            ready=p + "ready",
-            attempts=p + "attempts",
-            rejected=p + "rejected",
+            **{name: streams + name for name in ("inbound", "outbound", "dead")},
+            **{name: bookkeeping + name for name in ("ready", "attempts", "rejected")},
             partition=partition,
         )
 

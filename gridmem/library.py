@@ -28,12 +28,17 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gridmem.clock import MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS
+from gridmem.clock import MAX_BOOT_ID_CHARS
+from gridmem.clock import MAX_CLOCK_BOOTS
 from gridmem.config import LIMIT_FIELDS
-from gridmem.ids import SESSION_ID_LUA, UUID_LUA
-from gridmem.keys import SESSION_PARTS, SHARD_PARTS
+from gridmem.ids import SESSION_ID_LUA
+from gridmem.ids import UUID_LUA
+from gridmem.keys import SESSION_PARTS
+from gridmem.keys import SHARD_PARTS
 from gridmem.kinds import KINDS
-from gridmem.records import CHANNEL_TTL_MS, DeadLetterReason, ReasonCode
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.records import DeadLetterReason
+from gridmem.records import ReasonCode
 
 SCRIPT_NAMES: tuple[str, ...] = (
     "record_turn",
@@ -42,6 +47,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "list_metadata",
     "sweep_idle",
     "delete_session",
+    "pop_newest",
     "export_sessions",
     "restore_session",
     "publish_event",
@@ -51,9 +57,9 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "claim_key",
     "begin_attempt",
     "finish_entry",
+    "publish_and_finish",
     "renew_lease",
     "orphaned_keys",
-    "read_inbound",
     "read_backlog",
 )
 

@@ -19,10 +19,17 @@ import re
 from dataclasses import dataclass
 
 from gridmem.codec import encode_payload
-from gridmem.config import SUMMARY_LINE_BYTES, Limits
-from gridmem.errors import InputTooLarge, InvalidInput, InvalidRecord
+from gridmem.config import SUMMARY_LINE_BYTES
+from gridmem.config import Limits
+from gridmem.errors import InputTooLarge
+from gridmem.errors import InvalidInput
+from gridmem.errors import InvalidRecord
 from gridmem.kinds import BY_NAME
-from gridmem.records import ActionResult, AgentReply, AvatarMessage, Record, ToolSummary
+from gridmem.records import ActionResult
+from gridmem.records import AgentReply
+from gridmem.records import AvatarMessage
+from gridmem.records import Record
+from gridmem.records import ToolSummary
 from gridmem.redaction import Redactor
 
 TRUNCATION_MARKER = " [truncated]"

@@ -21,14 +21,21 @@ Like scripts.py, nothing here talks to a server: `context_read` returns a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
 
 from gridmem.arguments import bad_argument
 from gridmem.clock import MAX_BOOT_ID_CHARS
-from gridmem.keys import SessionKeys, ShardKeys
-from gridmem.records import CHANNEL_TTL_MS, Channel
-from gridmem.replies import ClockReading, ReadCall, ScriptCall, text
+from gridmem.keys import SessionKeys
+from gridmem.keys import ShardKeys
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.records import Channel
+from gridmem.replies import ClockReading
+from gridmem.replies import ReadCall
+from gridmem.replies import ScriptCall
+from gridmem.replies import text
 
 # lib.lua arg_clock's boot_id rule ('^[%w%-_.]+$', at most MAX_BOOT_ID_CHARS).
 _BOOT_ID = re.compile(r"[A-Za-z0-9_.\-]+")

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated
+from typing import Any
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import ValidationError
 
 from gridmem.errors import InvalidRecord
 from gridmem.kinds import KINDS
@@ -71,6 +76,7 @@ class ReasonCode(StrEnum):
     SNAPSHOT_QUARANTINED = "snapshot_quarantined"
     SNAPSHOT_RESTORED = "snapshot_restored"
     PERMISSIONS_NOT_VERIFIED = "permissions_not_verified"
+    POPPED_NEWEST = "popped_newest"  # pop_newest(): the newest live record removed
 
 
 class DeadLetterReason(StrEnum):

@@ -6,6 +6,9 @@ before it is encoded, so no secret is ever an argument of a Redis command.
 
 The rules live in gridmem/redaction_rules.py. This module owns how they run:
 
+- A text holding escapes (`\u0070`, `%70`, `&#112;`) is also read as what they
+  stand for, and a secret either reading finds goes (both are scanned, so a
+  decoded `%7d` inside a password cannot end it early).
 - Detection runs on a *normalized view* of the text: invisible format characters
   are dropped (a zero-width space inside a token), full-width and other
   compatibility forms are folded to ASCII (NFKC, per character), and Unicode
@@ -33,12 +36,18 @@ import bisect
 import functools
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import re2
 
-from gridmem.redaction_rules import ANY_NAME, GRID_NEGATIVES, LOOSE_NAME, RULES, SHORT_NAME, Rule
+from gridmem.redaction_rules import ANY_NAME
+from gridmem.redaction_rules import GRID_NEGATIVES
+from gridmem.redaction_rules import LOOSE_NAME
+from gridmem.redaction_rules import RULES
+from gridmem.redaction_rules import SHORT_NAME
+from gridmem.redaction_rules import Rule
 
 __all__ = ["DEFAULT_REDACTOR", "GRID_NEGATIVES", "RULES", "Redactor", "Rule", "normalize", "redact"]
 
@@ -131,6 +140,62 @@ _SEQUENCES = tuple(chr(cp).encode("utf-8") for cp in sorted(_TABLE))
 _FOLDED = {chr(cp).encode("utf-8"): (_TABLE[cp] or "").encode("utf-8") for cp in _TABLE}
 _CHARS = {sequence: sequence.decode("utf-8") for sequence in _FOLDED}
 _FOLDED_TEXT = {sequence: folded.decode("ascii") for sequence, folded in _FOLDED.items()}
+
+# Cyrillic, Greek and Latin letters that look like ASCII ones and that NFKC keeps
+# (`p\u0430ssword` with a Cyrillic a, `t\u03bfken` with a Greek omicron). Honest
+# Russian or Greek text is full of them, so they are folded only when the text holds
+# a secret word spelled with them (`_SPOOF_ENTRIES`), never merely because they occur.
+_CONFUSABLES: dict[str, str] = {
+    **dict(
+        zip(
+            "\u0430\u0432\u0435\u043a\u043e\u0440\u0441\u0443\u0445\u0455\u0456\u0458\u0501\u051b\u051d\u04bb\u04cf",
+            "abekopcyxsijdqwhl",
+            strict=False,
+        )
+    ),
+    **dict(
+        zip(
+            "\u0410\u0412\u0415\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0425\u0423\u0405\u0406\u0408\u051a\u051c",
+            "ABEKMHOPCTXYSIJQW",
+            strict=False,
+        )
+    ),
+    **dict(
+        zip("\u03b1\u03bf\u03c1\u03bd\u03b9\u03ba\u03c4\u03c5\u03c7", "aopviktux", strict=False)
+    ),
+    **dict(
+        zip(
+            "\u0391\u0392\u0395\u0396\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a7\u03a5",
+            "ABEZHIKMNOPTXY",
+            strict=False,
+        )
+    ),
+    **dict(zip("\u0131\u0237\u0251\u0261\u0585\u057d", "ijagou", strict=False)),
+}
+for _char, _ascii in _CONFUSABLES.items():
+    _sequence = _char.encode("utf-8")
+    _FOLDED[_sequence], _CHARS[_sequence], _FOLDED_TEXT[_sequence] = _ascii.encode(), _char, _ascii
+
+
+def _spoof_entries(words: Iterable[str]) -> tuple[str, ...]:
+    """RE2 set entries matching each word with any of its letters a look-alike."""
+    look: dict[str, str] = {}
+    for char, ascii_char in _CONFUSABLES.items():
+        look[ascii_char.lower()] = look.get(ascii_char.lower(), "") + char
+    entries = []
+    for word in words:
+        if not any(c in look for c in word.lower()):
+            continue
+        parts = []
+        for c in word.lower():
+            if c in look:
+                parts.append("[" + c + c.upper() + look[c] + look.get(c.upper().lower(), "") + "]")
+            else:
+                parts.append("(?i:" + re2.escape(c) + ")")
+        entries.append("".join(parts))
+    return tuple(entries)
+
+
 # Changes mapped one by one: a base plus one per this many bytes. Past it, the rest
 # of the text maps as one piece, so a match in it is redacted to the end of the text
 # (nothing leaks; only text stuffed with invisible characters loses precision).
@@ -257,6 +322,142 @@ class _View:
         return self._orig_ends[k] + pos - self._norm_ends[k]
 
 
+# -- escapes: what a text stands for -------------------------------------------------------
+
+# JSON and JS `\u0070` and `\x70` (up to 8 backslashes: double-escaped JSON), percent
+# encoding `%70` and double `%2570`, HTML character references `&#112;` `&#x70;` `&quot;`.
+# Each stands for one character; detection reads that character. Only what decodes to
+# printable ASCII, an invisible character or a look-alike letter is decoded.
+_ESCAPE = re.compile(
+    rb"\\{1,8}u([0-9A-Fa-f]{4})|\\{1,8}x([2-7][0-9A-Fa-f])|%(?:25)?([2-7][0-9A-Fa-f])"
+    rb"|&#0{0,4}(\d{2,3});|&#[xX]0{0,4}([0-9A-Fa-f]{2});|&(quot|apos|amp|lt|gt);"
+)
+_ENTITIES = {b"quot": b'"', b"apos": b"'", b"amp": b"&", b"lt": b"<", b"gt": b">"}
+# Escapes mapped one by one: a base plus one per this many bytes (as CHANGE_BUDGET_*).
+ESCAPE_BUDGET_BASE = 256
+ESCAPE_BUDGET_BYTES = 32
+
+
+@functools.lru_cache(maxsize=4096)
+def _unescape(escape: bytes) -> bytes:
+    """What one escape stands for, or the escape itself when it is left as it is."""
+    found = _ESCAPE.fullmatch(escape)
+    assert found is not None
+    uni, hex_x, pct, dec, hex_ref, entity = found.groups()
+    if entity is not None:
+        return _ENTITIES[entity]
+    cp = int(uni or hex_x or pct or hex_ref or b"0", 16) if dec is None else int(dec)
+    if 0x20 <= cp < 0x7F:
+        return bytes([cp])
+    char = chr(cp)
+    if cp in _TABLE:  # invisible, full-width, a Unicode space
+        return (_TABLE[cp] or "").encode("ascii")
+    if char in _CONFUSABLES:
+        return _CONFUSABLES[char].encode("ascii")
+    return escape
+
+
+def _may_escape(text: str) -> bool:
+    """A cheap test before the escape scan: plain chat (a URL's `&page=2` included)
+    holds no `\\`, `%` or character reference and skips it."""
+    return (
+        "\\" in text
+        or "%" in text
+        or ("&" in text and any(ref in text for ref in _REFERENCE_STARTS))
+    )
+
+
+_REFERENCE_STARTS = ("&#", "&quot;", "&apos;", "&amp;", "&lt;", "&gt;")
+
+
+class _Decoded:
+    """A text with its escapes decoded (detection's input), and the map back.
+
+    The decoded text is built in one `re.sub`; the map only when a rule matches,
+    within a budget of escapes past which the rest of the text maps as one piece
+    (a match there is redacted to the end of the text: nothing leaks).
+    """
+
+    __slots__ = ("_ends", "_norm_ends", "_norm_starts", "_starts", "data", "decoded")
+
+    def __init__(self, data: bytes, decoded: bytes) -> None:
+        self.data, self.decoded = data, decoded
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._norm_starts: list[int] = []
+        self._norm_ends: list[int] = []
+
+    @classmethod
+    def of(cls, data: bytes) -> _Decoded | None:
+        decoded = _ESCAPE.sub(lambda found: _unescape(found[0]), data)
+        return None if decoded == data else cls(data, decoded)
+
+    def build_map(self) -> None:
+        if self._starts:
+            return
+        budget = ESCAPE_BUDGET_BASE + len(self.data) // ESCAPE_BUDGET_BYTES
+        norm = done = 0
+        for found in _ESCAPE.finditer(self.data):
+            start, end = found.span()
+            folded = _unescape(found[0])
+            if folded == found[0]:
+                continue
+            budget -= 1
+            norm += start - done
+            if budget < 0:
+                self._starts.append(start)
+                self._norm_starts.append(norm)
+                self._ends.append(len(self.data))
+                self._norm_ends.append(len(self.decoded))
+                return
+            self._starts.append(start)
+            self._norm_starts.append(norm)
+            norm += len(folded)
+            self._ends.append(end)
+            self._norm_ends.append(norm)
+            done = end
+
+    def start(self, pos: int) -> int:
+        k = bisect.bisect_right(self._norm_starts, pos) - 1
+        if k < 0:
+            return pos
+        if pos < self._norm_ends[k]:
+            return self._starts[k]
+        return self._ends[k] + pos - self._norm_ends[k]
+
+    def end(self, pos: int) -> int:
+        k = bisect.bisect_left(self._norm_starts, pos) - 1
+        if k < 0:
+            return pos
+        if pos <= self._norm_ends[k]:
+            return self._ends[k]
+        return self._ends[k] + pos - self._norm_ends[k]
+
+
+class _DecodedView:
+    """The character view of a decoded text, mapped back through both steps."""
+
+    __slots__ = ("_decoded", "_inner", "data", "norm")
+
+    def __init__(self, decoded: _Decoded, inner: _View) -> None:
+        self._decoded, self._inner = decoded, inner
+        self.data, self.norm = decoded.data, inner.norm
+
+    mapped = True
+
+    def build_map(self) -> None:
+        self._decoded.build_map()
+        self._inner.build_map()
+
+    def start(self, pos: int) -> int:
+        inner = self._inner.start(pos) if self._inner.mapped else pos
+        return self._decoded.start(inner)
+
+    def end(self, pos: int) -> int:
+        inner = self._inner.end(pos) if self._inner.mapped else pos
+        return self._decoded.end(inner)
+
+
 def normalize(text: str) -> str:
     """The view detection runs on (for tests and rule authoring)."""
     return DEFAULT_REDACTOR._view(text)[0].norm.decode("utf-8")
@@ -299,6 +500,10 @@ def _options() -> re2.Options:
     options = re2.Options()
     options.max_mem = 64 << 20  # room for the DFA on hostile input: it stays on the fast path
     return options
+
+
+# The same escapes, for a linear-time check that a text holds any (most hold none).
+_ESCAPE_PRESENT = re2.compile(_ESCAPE.pattern.replace(rb"\d", rb"[0-9]"), _options())
 
 
 # google-re2's Pythonic wrapper builds a generator and a Match object per call;
@@ -500,7 +705,15 @@ def _keyword_set(keywords: tuple[str, ...], extra: tuple[str, ...] = ()) -> Any:
 def _first_scan(keywords: tuple[str, ...]) -> Any:
     """Keywords and changed characters in one set, for the first scan of non-ASCII
     text (built on first use: ASCII-only processes never pay for it)."""
-    return _keyword_set(keywords, _CHANGE_ENTRIES)
+    return _keyword_set(keywords, _CHANGE_ENTRIES + _LOOKALIKE_ENTRIES)
+
+
+# Every letter-bearing keyword of the built-in table, spelled with look-alikes.
+_SPOOF_ENTRIES = _spoof_entries(sorted({kw for rule in RULES for kw in rule.keywords}))
+_SPOOF_SET = _keyword_set((), _SPOOF_ENTRIES)
+# One entry for all look-alike letters, last in the first scan: only a text holding one
+# pays the look-alike scan (emoji, CJK and Arabic chat never do).
+_LOOKALIKE_ENTRIES = ("[" + "".join(_CONFUSABLES) + "]",)
 
 
 class Redactor:
@@ -538,20 +751,33 @@ class Redactor:
         `text` is the normalized view (keywords are ASCII)."""
         return self._woken(self._keyword_set.Match(text) or ())
 
-    def _view(self, text: str) -> tuple[_View, tuple[int, ...]]:
+    def _view(self, text: str) -> tuple[_View | _DecodedView, tuple[int, ...]]:
         """(the normalized view of `text`, the rules its keywords wake).
 
         One RE2 set scan over the original finds both the keywords and the changed
         characters; only a text with changes is scanned again, as its view."""
-        data = text.encode("utf-8")
+        return self._views(text)[-1]
+
+    def _char_view(self, text: str, data: bytes = b"") -> tuple[_View, tuple[int, ...]]:
+        """`_view` of a text without escapes: invisible characters, compatibility forms,
+        Unicode spaces and (next to a secret word spelled with them) look-alikes."""
+        data = data or text.encode("utf-8")
         if text.isascii():
             return _View(data), self.candidates(data)
         hits = _first_scan(self._keywords).Match(data) or ()
-        count = len(self._keywords)
-        present = tuple(sorted(_SEQUENCES[h - count] for h in hits if h >= count))
-        if not present:
+        count, changes = len(self._keywords), len(_SEQUENCES)
+        present = [_SEQUENCES[h - count] for h in hits if count <= h < count + changes]
+        view = _View(data, tuple(sorted(present)), text) if present else None
+        # a secret word spelled with look-alikes, once invisible characters are gone (a
+        # set of its own: in the first scan's set it would crowd that set's DFA)
+        spoofed = any(h >= count + changes for h in hits) and bool(
+            _SPOOF_SET.Match(data if view is None else view.norm)
+        )
+        if spoofed:
+            present += [c.encode("utf-8") for c in _CONFUSABLES if c in text]
+            view = _View(data, tuple(sorted(present)), text)
+        if view is None:
             return _View(data), self._woken(h for h in hits if h < count)
-        view = _View(data, present, text)
         return view, self.candidates(view.norm)
 
     def _woken(self, hits: Iterable[int]) -> tuple[int, ...]:
@@ -560,10 +786,38 @@ class Redactor:
     def _spans(self, text: str) -> tuple[_Plan | None, bytes, list[tuple[int, int, int]]]:
         """(plan, original bytes, [(rule, start, end)]) of the secrets to replace, in
         original byte offsets, merged where they overlap; a rule of -1 is the dense tail."""
-        view, active = self._view(text)
+        views = self._views(text)
+        active = tuple(sorted({i for _, woken in views for i in woken}))
         if not active:
             return None, b"", []
         plan = self._plan(active)
+        if len(views) == 1:
+            return plan, views[0][0].data, self._spans_in(plan, views[0][0])
+        # escapes decoded and not: a decoded `%7d` or `\u0022` may end a value early
+        # that the text as written holds whole, so both readings count
+        found = sorted(self._spans_in(plan, views[0][0]) + self._spans_in(plan, views[1][0]),
+                       key=lambda span: (span[1], -span[2]))  # fmt: skip
+        out: list[tuple[int, int, int]] = []
+        for rule, start, end in found:
+            if out and start < out[-1][2]:
+                if end > out[-1][2]:
+                    out[-1] = (out[-1][0], out[-1][1], end)
+                continue
+            out.append((rule, start, end))
+        return plan, views[0][0].data, out
+
+    def _views(self, text: str) -> list[tuple[_View | _DecodedView, tuple[int, ...]]]:
+        """The view of `text` and, when it holds escapes, the view of what they stand for."""
+        data = text.encode("utf-8")
+        plain = self._char_view(text, data)
+        if _may_escape(text) and _ESCAPE_PRESENT.search(data):
+            decoded = _Decoded.of(data)
+            if decoded is not None:
+                inner, active = self._char_view(decoded.decoded.decode("utf-8"))
+                return [plain, (_DecodedView(decoded, inner), active)]
+        return [plain]
+
+    def _spans_in(self, plan: _Plan, view: _View | _DecodedView) -> list[tuple[int, int, int]]:
         norm, data, mapped = view.norm, view.data, view.mapped
         budget = MATCH_BUDGET_BASE + len(data) // MATCH_BUDGET_BYTES
         out: list[tuple[int, int, int]] = []
@@ -591,7 +845,7 @@ class Redactor:
                 break
             out.append((rule, s_start, s_end))
             done = s_end
-        return plan, data, out
+        return out
 
     def redact(self, text: str) -> tuple[str, int]:
         """(text with every secret replaced, number of replacements).

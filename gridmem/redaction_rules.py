@@ -85,8 +85,11 @@ LOOSE_NAME = rf"[A-Za-z0-9_.\-]*(?i:{_SECRET_WORDS})[A-Za-z0-9_.\-]+"
 # Short secret words (`auth`, `pass`, `pw`, `passwd`): a whole word or after a
 # separator (`REDIS_AUTH`, `ADMIN_PASS`, `db.pw`), never inside a word (`bypass`,
 # `compass`); their value must look machine-made like LOOSE_NAME's (`season pass: 2024`).
+# camelCase counts as a separator (`dbPass`, `adminPw`, `redisAuth`, `dbPASS`): a
+# capital after a small letter or digit; `OAuth` (a capital before it) is not one.
 SHORT_NAME = (
-    r"\b(?:[A-Za-z0-9.\-]*[_.\-])?(?i:auth|pass|pw|passwd|rootpw|requirepass|masterauth)"
+    r"\b(?:(?:[A-Za-z0-9.\-]*[_.\-])?(?i:auth|pass|pw|passwd|rootpw|requirepass|masterauth)"
+    r"|[A-Za-z0-9]*[a-z0-9](?:Pass|PASS|Passwd|Pw|PW|Auth|AUTH))"
     r"(?:[_\-.]?\d+)?\b"
 )
 # An upper-case environment name ending in _KEY: OPENAI_KEY, STRIPE_KEY.
@@ -463,7 +466,8 @@ RULES: tuple[Rule, ...] = (
         r"x-token|x-vault-token|x-functions-key|ocp-apim-subscription-key|x-api-token|"
         r"x-gitlab-token|x-github-token|x-hub-signature(?:-256)?|x-secret|x-session-token|x-auth))"
         r"(?:\\*[\"'])?[ \t]*(?::=|=>|[:=,])[ \t]*(?:\\*[\"'])?"
-        r"(?P<secret>(?:(?i:bearer|basic|token)[ \t]+)?[^\s\"'\\,;\[\]>][^\s\"'\\,;\[\]]*)",
+        # (a YAML block indicator `|` is no value: the block under it is, for secret-assignment)
+        r"(?P<secret>(?:(?i:bearer|basic|token)[ \t]+)?[^\s\"'\\,;\[\]>|][^\s\"'\\,;\[\]]*)",
         ("key", "token", "secret", "signature"),
         (
             "curl -H 'X-Api-Key: 8f14e45fceea167a5a36dedd4bea2543' https://api.example.org",
@@ -687,9 +691,27 @@ RULES: tuple[Rule, ...] = (
         + MIXED
         + r")|[^>\n]*>(?P<secret_entryl>"
         + MIXED
-        + r")<)",
+        + r")<)"
+        # HTML/XML attributes in one tag, either order: `<input type="password"
+        # value="...">`, `<input value="..." name="api_key">`
+        + r"|<[^<>\n]*?[ \t](?i:name|key|type|id)[ \t]*=[ \t]*[\"']?(?:"
+        + ANY_NAME
+        + r")[\"']?(?:[ \t][^<>\n]*?)?[ \t](?i:value)[ \t]*=[ \t]*(?:"
+        + quoted("secret_attr")
+        + r"|(?P<secret_attrb>"
+        + MARKED
+        + r"))"
+        + r"|<[^<>\n]*?[ \t](?i:value)[ \t]*=[ \t]*(?:"
+        + quoted("secret_rattr")
+        + r"|(?P<secret_rattrb>"
+        + MARKED
+        + r"))(?:[ \t][^<>\n]*?)?[ \t](?i:name|key|type|id)[ \t]*=[ \t]*[\"']?(?:"
+        + ANY_NAME
+        + r")[\"'/> \t]",
         ("value", "key", "name"),
         (
+            '<input type="password" name="pw" value="q8Zxw2rT9vB4">',
+            "<input value='q8Zxw2rT9vB4' type='password'>",
             "- name: DB_PASSWORD\n  value: q8Zxw2rT9vB4",
             '{"name": "DB_PASSWORD", "value": "q8Zxw2rT9vB4"}',
             '<add key="DB_PASSWORD" value="q8Zxw2rT9vB4" />',

@@ -10,11 +10,16 @@ parsers turn the raw replies into the typed values below. Talks to no server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any
+from typing import Generic
+from typing import NamedTuple
+from typing import TypeVar
 
-from gridmem.library import LuaScript, load_scripts
+from gridmem.library import LuaScript
+from gridmem.library import load_scripts
 
 T = TypeVar("T")
 Arg = str | int | bytes
@@ -129,6 +134,19 @@ class PageReply:
 
 def _parse_page(raw: Sequence[Any]) -> PageReply:
     return PageReply(bool(raw[0]), texts(raw[1:]))
+
+
+@dataclass(frozen=True, slots=True)
+class PopReply:
+    """pop_newest's answer: the removed transcript member ('' when none was popped),
+    and whether the session ended whole (its last record went, or it had expired)."""
+
+    entry: str
+    ended: bool
+
+
+def _parse_pop(raw: Sequence[Any]) -> PopReply:
+    return PopReply(text(raw[1]) if int(raw[0]) else "", bool(int(raw[2])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,20 +273,22 @@ class AttemptCount:
     state: str  # ok | lost
     attempts: int = 0  # this one included
     silent: int = 0  # earlier attempts that ended without a word
+    # with ok: the entry's fields as Redis holds them (every pair, undecoded; () if the
+    # entry is gone): the bridge may write anything, and the caller decodes each strictly
+    fields: tuple[tuple[bytes, bytes], ...] = ()
 
 
 def _parse_attempt(raw: Sequence[Any]) -> AttemptCount:
-    values = [text(v) for v in raw]
-    if len(values) > 1:
-        return AttemptCount(values[0], int(values[1]), int(values[2]))
-    return AttemptCount(values[0])
-
-
-def _parse_flat_fields(raw: Sequence[Any]) -> list[tuple[bytes, bytes]]:
-    """An entry's fields as read_inbound.lua returns them (field, value, ...; [] if it
-    is gone), as the bytes Redis holds: the caller decodes each strictly, since the
-    bridge may write anything and one undecodable byte must not fail the whole read."""
-    return [(_raw(name), _raw(value)) for name, value in zip(raw[0::2], raw[1::2], strict=True)]
+    if len(raw) > 1:
+        fields = raw[3]
+        pairs = zip(fields[0::2], fields[1::2], strict=True)
+        return AttemptCount(
+            text(raw[0]),
+            int(raw[1]),
+            int(raw[2]),
+            tuple((_raw(name), _raw(value)) for name, value in pairs),
+        )
+    return AttemptCount(text(raw[0]))
 
 
 def _raw(value: Any) -> bytes:

@@ -13,29 +13,35 @@ that import them here.
 
 from __future__ import annotations
 
-from gridmem.config import LIMIT_FIELDS, LOW_WATER, MAX_EVICTIONS_PER_CALL, WRITE_SWEEP_BATCH
-from gridmem.library import SCRIPT_NAMES, FunctionLibrary, LuaScript, load_scripts, lua_dir
-from gridmem.replies import (
-    REJECTED_MEMBER,
-    Arg,
-    AttemptCount,
-    ClockReading,
-    CommandCall,
-    ExportedSession,
-    ExportReply,
-    KeyStep,
-    MetadataReply,
-    MetaRow,
-    PageReply,
-    ReadCall,
-    RecordReply,
-    ScriptCall,
-    StatsReply,
-    TakenEntry,
-    text,
-    texts,
-)
-from gridmem.session_calls import SessionCalls, limits_packet
+from gridmem.config import LIMIT_FIELDS
+from gridmem.config import LOW_WATER
+from gridmem.config import MAX_EVICTIONS_PER_CALL
+from gridmem.config import WRITE_SWEEP_BATCH
+from gridmem.library import SCRIPT_NAMES
+from gridmem.library import FunctionLibrary
+from gridmem.library import LuaScript
+from gridmem.library import load_scripts
+from gridmem.library import lua_dir
+from gridmem.replies import REJECTED_MEMBER
+from gridmem.replies import Arg
+from gridmem.replies import AttemptCount
+from gridmem.replies import ClockReading
+from gridmem.replies import CommandCall
+from gridmem.replies import ExportedSession
+from gridmem.replies import ExportReply
+from gridmem.replies import KeyStep
+from gridmem.replies import MetadataReply
+from gridmem.replies import MetaRow
+from gridmem.replies import PageReply
+from gridmem.replies import ReadCall
+from gridmem.replies import RecordReply
+from gridmem.replies import ScriptCall
+from gridmem.replies import StatsReply
+from gridmem.replies import TakenEntry
+from gridmem.replies import text
+from gridmem.replies import texts
+from gridmem.session_calls import SessionCalls
+from gridmem.session_calls import limits_packet
 from gridmem.stream_calls import StreamCalls
 
 __all__ = [

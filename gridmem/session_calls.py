@@ -11,38 +11,42 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gridmem.arguments import ENTRY_ID, bad_argument, integer, matching
-from gridmem.config import (
-    LIMIT_FIELDS,
-    LOW_WATER,
-    MAX_EVICTIONS_PER_CALL,
-    SUMMARY_LINE_BYTES,
-    WRITE_SWEEP_BATCH,
-    Limits,
-    shard_limits,
-)
-from gridmem.keys import SHARD_PARTS, TEMPLATE_FIELD, SessionKeys, ShardKeys
-from gridmem.replies import (
-    ClockReading,
-    CommandCall,
-    ExportReply,
-    MetadataReply,
-    PageReply,
-    ReadCall,
-    RecordReply,
-    ScriptCall,
-    ScriptCalls,
-    StatsReply,
-    _parse_events,
-    _parse_export,
-    _parse_metadata,
-    _parse_page,
-    _parse_receipt,
-    _parse_record,
-    _parse_stats,
-    _segment,
-    text,
-)
+from gridmem.arguments import ENTRY_ID
+from gridmem.arguments import bad_argument
+from gridmem.arguments import integer
+from gridmem.arguments import matching
+from gridmem.config import LIMIT_FIELDS
+from gridmem.config import LOW_WATER
+from gridmem.config import MAX_EVICTIONS_PER_CALL
+from gridmem.config import SUMMARY_LINE_BYTES
+from gridmem.config import WRITE_SWEEP_BATCH
+from gridmem.config import Limits
+from gridmem.config import shard_limits
+from gridmem.keys import SHARD_PARTS
+from gridmem.keys import TEMPLATE_FIELD
+from gridmem.keys import SessionKeys
+from gridmem.keys import ShardKeys
+from gridmem.replies import ClockReading
+from gridmem.replies import CommandCall
+from gridmem.replies import ExportReply
+from gridmem.replies import MetadataReply
+from gridmem.replies import PageReply
+from gridmem.replies import PopReply
+from gridmem.replies import ReadCall
+from gridmem.replies import RecordReply
+from gridmem.replies import ScriptCall
+from gridmem.replies import ScriptCalls
+from gridmem.replies import StatsReply
+from gridmem.replies import _parse_events
+from gridmem.replies import _parse_export
+from gridmem.replies import _parse_metadata
+from gridmem.replies import _parse_page
+from gridmem.replies import _parse_pop
+from gridmem.replies import _parse_receipt
+from gridmem.replies import _parse_record
+from gridmem.replies import _parse_stats
+from gridmem.replies import _segment
+from gridmem.replies import text
 from gridmem.validate import EVENTS_COUNT_MAX
 
 
@@ -186,6 +190,22 @@ class SessionCalls(ScriptCalls):
             shard_script_keys(shard, session),
             (now_wall, session.member, reason, max_events),
             bool,
+        )
+
+    def pop_newest(
+        self,
+        session: SessionKeys,
+        shard: ShardKeys,
+        clock: ClockReading,
+        *,
+        max_events: int,
+    ) -> ScriptCall[PopReply]:
+        return self._call(
+            "pop_newest",
+            shard_script_keys(shard, session),
+            (*clock.args(), session.member, max_events),
+            _parse_pop,
+            idempotent=False,  # a resend would pop a second record
         )
 
     def read_events(

@@ -49,27 +49,41 @@ import re
 import secrets
 import stat
 import struct
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import IO, Annotated, Any, Literal
+from typing import IO
+from typing import Annotated
+from typing import Any
+from typing import Literal
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
 
-from gridmem.codec import decode_entries, entry_to_record
-from gridmem.config import SUMMARY_LINE_BYTES, Limits
+from gridmem.codec import CODE_KIND
+from gridmem.codec import FIELD_NAMES
+from gridmem.codec import read_entries
+from gridmem.config import SUMMARY_LINE_BYTES
+from gridmem.config import Limits
+from gridmem.errors import CorruptRecord
 from gridmem.errors import GridmemError
-from gridmem.ids import SESSION_ID, UUID_CANONICAL
-from gridmem.prepare import AGENT_HEAD, AVATAR_HEAD, UNREADABLE_LINE, action_head, tool_head
-from gridmem.records import (
-    CHANNEL_TTL_MS,
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ToolSummary,
-)
+from gridmem.ids import SESSION_ID
+from gridmem.ids import UUID_CANONICAL
+from gridmem.prepare import AGENT_HEAD
+from gridmem.prepare import AVATAR_HEAD
+from gridmem.prepare import UNREADABLE_LINE
+from gridmem.prepare import action_head
+from gridmem.prepare import tool_head
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.records import ActionResult
+from gridmem.records import AgentReply
+from gridmem.records import AvatarMessage
+from gridmem.records import Channel
+from gridmem.records import ToolSummary
 from gridmem.redaction import Redactor
 from gridmem.scripts import ExportedSession
 
@@ -695,7 +709,6 @@ class SnapshotDirectory:
 def snapshot_line(session: ExportedSession) -> bytes:
     """One exported session as a snapshot line (JSON object + newline)."""
     uuid, channel = session.member.split(":")
-    entries = decode_entries(session.entries, session.session_id)
     data = {
         "avatar_uuid": uuid,
         "channel": channel,
@@ -706,19 +719,32 @@ def snapshot_line(session: ExportedSession) -> bytes:
         # Its activity is at least its creation (restore refuses the reverse).
         "last_active_at_ms": max(session.active_ms, session.created_ms),
         "summary": session.summary,
-        "records": [
-            {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)} for e in entries
-        ],
+        "records": _line_records(session.entries, session.session_id),
         "receipts": session.receipts,
-        "archive": [
-            [
-                {"seq": e.seq, "at_ms": e.at_ms, "record": entry_to_record(e)}
-                for e in decode_entries(segment, session.session_id)
-            ]
-            for segment in session.archive
-        ],
+        "archive": [_line_records(segment, session.session_id) for segment in session.archive],
     }
     return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def _line_records(entries: list[str], session_id: str) -> list[dict[str, Any]]:
+    """Stored transcript entries as a snapshot line's records ({seq, at_ms, record}),
+    checked as codec.decode_entries checks them, without a StoredEntry per record:
+    flush's Python time is mostly this, once per record (docs/benchmarks.md)."""
+    heads, payloads = read_entries(entries, session_id)
+    try:
+        return [
+            {
+                "seq": int(head[0]),
+                "at_ms": int(head[1]),
+                "record": {
+                    "kind": (kind := CODE_KIND[payload[0]]),
+                    **dict(zip(FIELD_NAMES[kind], payload[1:], strict=True)),
+                },
+            }
+            for head, payload in zip(heads, payloads, strict=True)
+        ]
+    except ValueError:
+        raise CorruptRecord("a stored transcript entry cannot be decoded") from None
 
 
 def age_ms(last_active_ms: int, now_wall_ms: int) -> int:

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any
+from typing import NamedTuple
+from typing import TypeVar
+from typing import cast
 
 import redis
 import redis.asyncio as redis_async
@@ -27,38 +31,45 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gridmem import backlog
-from gridmem.clock import Clock, SystemClock
-from gridmem.config import ConversationConfig, Durability, RedisSettings, Settings
+from gridmem.budget import TokenCounter
+from gridmem.clock import Clock
+from gridmem.clock import SystemClock
+from gridmem.config import ConversationConfig
+from gridmem.config import Durability
+from gridmem.config import RedisSettings
+from gridmem.config import Settings
 from gridmem.embedded import SharedValkey
 from gridmem.errors import StoreClosed
-from gridmem.executor import AsyncClient, AsyncExecutor, Executor, SyncClient
-from gridmem.keys import KeySpace, ServiceKeys
-from gridmem.operations import Op, Operations
-from gridmem.records import (
-    ContextMessage,
-    Event,
-    MetadataPage,
-    ReasonCode,
-    Receipt,
-    Record,
-    StoreStats,
-    TurnPage,
-)
+from gridmem.executor import AsyncClient
+from gridmem.executor import AsyncExecutor
+from gridmem.executor import Executor
+from gridmem.executor import SyncClient
+from gridmem.keys import KeySpace
+from gridmem.keys import ServiceKeys
+from gridmem.operations import Op
+from gridmem.operations import Operations
+from gridmem.records import ContextMessage
+from gridmem.records import Event
+from gridmem.records import MetadataPage
+from gridmem.records import ReasonCode
+from gridmem.records import Receipt
+from gridmem.records import Record
+from gridmem.records import StoreStats
+from gridmem.records import TurnPage
+from gridmem.records import TurnView
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.replies import AnyCall
 from gridmem.scripts import Scripts
-from gridmem.snapshots import (
-    QuarantinedGeneration,
-    RestoreReport,
-    SkippedEntry,
-    SnapshotDirectory,
-    SnapshotInfo,
-    SnapshotInvalid,
-    ValidatedGeneration,
-    snapshot_line,
-)
+from gridmem.snapshots import QuarantinedGeneration
+from gridmem.snapshots import RestoreReport
+from gridmem.snapshots import SkippedEntry
+from gridmem.snapshots import SnapshotDirectory
+from gridmem.snapshots import SnapshotInfo
+from gridmem.snapshots import SnapshotInvalid
+from gridmem.snapshots import ValidatedGeneration
 from gridmem.snapshots import age_ms as snapshot_age_ms
 from gridmem.snapshots import expired as snapshot_expired
+from gridmem.snapshots import snapshot_line
 
 T = TypeVar("T")
 
@@ -83,9 +94,24 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
 
 
-def connect_async(url: str, **kwargs: Any) -> redis_async.Redis:
-    """connect() for asyncio: each worker process builds its own after it starts."""
-    return redis_async.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **kwargs)
+def connect_async(
+    url: str, *, max_connections: int | None = None, **kwargs: Any
+) -> redis_async.Redis:
+    """connect() for asyncio: each worker process builds its own after it starts.
+
+    With `max_connections`, a pool that makes a caller wait for a free connection
+    instead of opening one more: a thousand conversations in flight then share a
+    few dozen connections (a command takes well under a millisecond) rather than
+    opening a thousand at once, which overflowed the server's listen backlog on a
+    Unix socket (connect() fails at once there: "redis unreachable", issue 16).
+    """
+    retry = AsyncRetry(NoBackoff(), 0)
+    if max_connections is None:
+        return redis_async.Redis.from_url(url, retry=retry, **kwargs)
+    pool = redis_async.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, retry=retry, **kwargs
+    )
+    return redis_async.Redis(connection_pool=pool)
 
 
 def connect_cluster(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:
@@ -111,6 +137,9 @@ def client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> SyncCl
 def async_client_for(redis_settings: RedisSettings, url: str, **kwargs: Any) -> AsyncClient:
     """client_for() for asyncio (the worker service's processes)."""
     if redis_settings.cluster:
+        kwargs.pop(
+            "max_connections", None
+        )  # per node, and redis-py's cluster pool raises when full
         return connect_cluster_async(url, **kwargs)
     return connect_async(url, **kwargs)
 
@@ -267,9 +296,18 @@ class ConversationStore:
         """Store one record in the (avatar, channel) session; a new session if it expired."""
         return self._drive(self._ops.record(avatar_uuid, channel, record, idempotency_key))
 
-    def context(self, avatar_uuid: str, channel: str) -> list[ContextMessage]:
-        """The LLM-facing view of one session: user/assistant messages only. Not activity."""
-        return self._drive(self._ops.context(avatar_uuid, channel))
+    def context(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        max_tokens: int | None = None,
+        count_tokens: TokenCounter | None = None,
+    ) -> list[ContextMessage]:
+        """The LLM-facing view of one session: user/assistant messages only. Not activity.
+
+        With `max_tokens`: the newest turns that fit, the summary in front if it fits
+        too, counted by `count_tokens` (default: UTF-8 bytes, gridmem/budget.py)."""
+        return self._drive(self._ops.context(avatar_uuid, channel, max_tokens, count_tokens))
 
     def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
         """One page of session metadata (never content); next_cursor is None at the end."""
@@ -293,6 +331,14 @@ class ConversationStore:
     def expire(self, avatar_uuid: str, channel: str) -> bool:
         """Operator expiry: end the session now; the next turn starts a new one."""
         return self._drive(self._ops.end_session(avatar_uuid, channel, ReasonCode.EXPIRED_OPERATOR))
+
+    def pop_newest(self, avatar_uuid: str, channel: str) -> TurnView | None:
+        """Remove the session's newest live record, atomically; None if it holds none.
+
+        Its bytes, turn and receipt go with it (event popped_newest); the last record
+        takes the session whole. Not activity. Behind the OpenAI Agents SDK's
+        `Session.pop_item` (gridmem/integrations/openai_agents.py)."""
+        return self._drive(self._ops.pop_newest(avatar_uuid, channel))
 
     def sweep(self, limit: int = 1000) -> int:
         """Expire up to `limit` idle sessions, in bounded batches. Returns how many.
@@ -563,8 +609,14 @@ class AsyncConversationStore:
             offload=_text_chars(record) > OFFLOAD_TEXT_CHARS,
         )
 
-    async def context(self, avatar_uuid: str, channel: str) -> list[ContextMessage]:
-        return await self._drive(self._ops.context(avatar_uuid, channel))
+    async def context(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        max_tokens: int | None = None,
+        count_tokens: TokenCounter | None = None,
+    ) -> list[ContextMessage]:
+        return await self._drive(self._ops.context(avatar_uuid, channel, max_tokens, count_tokens))
 
     async def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
         return await self._drive(self._ops.list_metadata(cursor, limit))
@@ -590,6 +642,9 @@ class AsyncConversationStore:
         return await self._drive(
             self._ops.end_session(avatar_uuid, channel, ReasonCode.EXPIRED_OPERATOR)
         )
+
+    async def pop_newest(self, avatar_uuid: str, channel: str) -> TurnView | None:
+        return await self._drive(self._ops.pop_newest(avatar_uuid, channel))
 
     async def sweep(self, limit: int = 1000) -> int:
         return await self._drive(self._ops.sweep(limit))

@@ -6,36 +6,54 @@ its arguments checked here first (gridmem/arguments.py), as a script would."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from gridmem.arguments import (
-    CANONICAL_UUID,
-    CHANNELS,
-    ENTRY_ID,
-    NAME,
-    SESSION_ID_RE,
-    integer,
-    matching,
-    one_of,
-)
+from gridmem.arguments import CANONICAL_UUID
+from gridmem.arguments import CHANNELS
+from gridmem.arguments import ENTRY_ID
+from gridmem.arguments import NAME
+from gridmem.arguments import SESSION_ID_RE
+from gridmem.arguments import integer
+from gridmem.arguments import matching
+from gridmem.arguments import one_of
 from gridmem.keys import ServiceKeys
 from gridmem.records import DeadLetterReason
-from gridmem.replies import (
-    AttemptCount,
-    CommandCall,
-    KeyStep,
-    ScriptCall,
-    ScriptCalls,
-    TakenEntry,
-    _parse_attempt,
-    _parse_flat_fields,
-    _parse_step,
-    _parse_taken,
-    _parse_texts,
-    text,
-)
+from gridmem.replies import AttemptCount
+from gridmem.replies import CommandCall
+from gridmem.replies import KeyStep
+from gridmem.replies import ScriptCall
+from gridmem.replies import ScriptCalls
+from gridmem.replies import TakenEntry
+from gridmem.replies import _parse_attempt
+from gridmem.replies import _parse_step
+from gridmem.replies import _parse_taken
+from gridmem.replies import _parse_texts
+from gridmem.replies import text
 
 DEAD_LETTER_REASONS = frozenset(code.value for code in DeadLetterReason)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundReply:
+    """The agent's visible reply (already redacted and bounded, as stored) to one
+    inbound entry, as the bridge reads it from the outbound stream."""
+
+    avatar_uuid: str
+    channel: str
+    text: str
+    in_reply_to: str
+    session_id: str
+
+    def fields(self) -> tuple[str, ...]:
+        """field, value, ... in the stream contract's order, each argument checked."""
+        return (
+            "avatar_uuid", matching("avatar_uuid", self.avatar_uuid, CANONICAL_UUID),
+            "channel", one_of("channel", self.channel, CHANNELS),
+            "text", self.text,
+            "in_reply_to", matching("in_reply_to", self.in_reply_to, ENTRY_ID),
+            "session_id", matching("session_id", self.session_id, SESSION_ID_RE),
+        )  # fmt: skip
 
 
 def _created(reply: Any) -> bool:
@@ -97,10 +115,11 @@ class StreamCalls(ScriptCalls):
         also: str = "",
         failed: str = "",
     ) -> ScriptCall[AttemptCount]:
-        """Safe to resend: the token makes a repeated call count its attempt once."""
+        """Count the attempt and read the entry (AttemptCount.fields) in one step. Safe to
+        resend: the token makes a repeated call count its attempt once."""
         return self._call(
             "begin_attempt",
-            (service.ready, service.attempts),
+            (service.ready, service.attempts, service.inbound),
             (member, owner, entry_id, token, also, failed),
             _parse_attempt,
         )
@@ -115,12 +134,25 @@ class StreamCalls(ScriptCalls):
         owner: str,
         lease_ms: int,
         release: bool,
+        reply: OutboundReply | None = None,
+        max_replies: int = 1,
     ) -> ScriptCall[KeyStep]:
+        """With a reply, publish it on the outbound stream (approximate MAXLEN of
+        `max_replies`) in the same step (publish_and_finish.lua): one round trip, and
+        no entry finished without its reply. The outbound stream must then be in the
+        inbound stream's cluster slot (every partitioned layout; one partition on one
+        server). Without a reply, safe to resend."""
+        keys = (service.inbound, service.ready, service.attempts, service.rejected)
+        args: tuple[Any, ...] = (group, entry_id, member, owner, lease_ms, int(release))
+        if reply is None:
+            return self._call("finish_entry", keys, args, _parse_step)
+        most = integer("max_replies", max_replies, 1)
         return self._call(
-            "finish_entry",
-            (service.inbound, service.ready, service.attempts, service.rejected),
-            (group, entry_id, member, owner, lease_ms, int(release)),
+            "publish_and_finish",
+            (*keys, service.outbound),
+            (*args, most, *reply.fields()),
             _parse_step,
+            idempotent=False,  # a resend would publish the reply twice
         )
 
     def renew_lease(
@@ -130,16 +162,6 @@ class StreamCalls(ScriptCalls):
 
     def orphaned_keys(self, service: ServiceKeys, *, sample: int) -> ScriptCall[list[str]]:
         return self._call("orphaned_keys", (service.ready,), (sample,), _parse_texts)
-
-    def read_inbound(
-        self, service: ServiceKeys, *, entry_id: str
-    ) -> ScriptCall[list[tuple[bytes, bytes]]]:
-        """The fields of one inbound entry as stored (undecoded bytes, every pair, a
-        field named twice included), [] if it is gone. A script, not a plain XRANGE:
-        the clients' XRANGE reply parsers fold a repeated field name into its last
-        value, and the worker must see every value to decode each strictly."""
-        entry = matching("entry_id", entry_id, ENTRY_ID)
-        return self._call("read_inbound", (service.inbound,), (entry,), _parse_flat_fields)
 
     def read_backlog(self, service: ServiceKeys) -> ScriptCall[int]:
         return self._call("read_backlog", (service.inbound,), (), int)
@@ -156,26 +178,13 @@ class StreamCalls(ScriptCalls):
         return CommandCall((command,), text, idempotent=False)  # a resend adds a second
 
     def publish_reply(
-        self,
-        service: ServiceKeys,
-        *,
-        avatar_uuid: str,
-        channel: str,
-        text_: str,
-        in_reply_to: str,
-        session_id: str,
-        max_entries: int,
+        self, service: ServiceKeys, reply: OutboundReply, *, max_entries: int
     ) -> CommandCall[str]:
-        """Put the agent's visible reply (already redacted and bounded, as stored) on the
-        outbound stream for the bridge, which reads as replies come: an approximate
-        MAXLEN of `max_entries`. The new entry's ID."""
-        fields = (
-            "avatar_uuid", matching("avatar_uuid", avatar_uuid, CANONICAL_UUID),
-            "channel", one_of("channel", channel, CHANNELS),
-            "text", text_,
-            "in_reply_to", matching("in_reply_to", in_reply_to, ENTRY_ID),
-            "session_id", matching("session_id", session_id, SESSION_ID_RE),
-        )  # fmt: skip
+        """Put the agent's reply on the outbound stream for the bridge, which reads as
+        replies come: an approximate MAXLEN of `max_entries`. The new entry's ID. Where
+        the outbound stream shares the inbound stream's slot, finish_entry(reply=...)
+        does this instead (publish_and_finish.lua)."""
         most = integer("max_entries", max_entries, 1)
-        command = ("XADD", service.outbound, "MAXLEN", "~", most, "*", *fields)
+        head: tuple[str | int, ...] = ("XADD", service.outbound, "MAXLEN", "~", most, "*")
+        command = (*head, *reply.fields())
         return CommandCall((command,), text, idempotent=False)  # a resend publishes twice

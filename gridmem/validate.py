@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import re
 
-from gridmem.errors import InvalidAvatarId, InvalidChannel, InvalidInput
-from gridmem.ids import UUID_ANY_CASE, UUID_CANONICAL
-from gridmem.records import Channel, channel_named
+from gridmem.errors import InvalidAvatarId
+from gridmem.errors import InvalidChannel
+from gridmem.errors import InvalidInput
+from gridmem.ids import UUID_ANY_CASE
+from gridmem.ids import UUID_CANONICAL
+from gridmem.records import Channel
+from gridmem.records import channel_named
 
 _UUID = re.compile(UUID_ANY_CASE)
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
@@ -53,11 +57,19 @@ def canonical_uuid(value: object, field: str = "avatar_uuid") -> str:
     return text.lower()
 
 
+# A channel's exact lowercase name: the hot path of parse_channel (every record and read).
+_CHANNEL_BY_NAME: dict[str, Channel] = {channel.value: channel for channel in Channel}
+
+
 def parse_channel(value: object) -> Channel:
     """Channel.PUBLIC or Channel.IM, named in any ASCII case (`IM`, `Public`), like a
     UUID; no whitespace, no look-alikes. Group and conference chat are not representable."""
     if isinstance(value, Channel):
         return value
+    if type(value) is str:  # the common spelling, exactly: one dict lookup
+        exact = _CHANNEL_BY_NAME.get(value)
+        if exact is not None:
+            return exact
     text = plain_str(value)  # compared as a plain str: a subclass's __eq__ is not asked
     channel = channel_named(text) if text is not None else None
     if channel is None:

@@ -3,9 +3,13 @@
 -- service.py), not when the key is claimed: an entry that waits in a worker
 -- for a suspect to finish alone is not charged if that suspect kills the process.
 -- The count survives adoptions and worker restarts, so an entry that keeps failing
--- or killing its worker can be dead-lettered (reason poison).
+-- or killing its worker can be dead-lettered (reason poison). It also returns the
+-- entry's fields, every pair as stored, so starting an attempt is one round trip:
+-- the clients' XRANGE reply parsers would fold a field named twice into its last
+-- value, and the worker decodes every value strictly.
 -- KEYS[1] = {gm:inbound}:ready     (set)   keys with entries waiting (names the hash tag)
 -- KEYS[2] = {gm:inbound}:attempts  (hash)  entry ID -> '<attempts>:<with a word>:<last token>'
+-- KEYS[3] = gm:inbound             (stream) inbound entries (the same slot)
 -- ARGV[1] = member '<uuid>:<channel>'
 -- ARGV[2] = owner: this worker's name
 -- ARGV[3] = entry ID: the key's head
@@ -15,7 +19,8 @@
 -- ARGV[6] = failed: '' or the token of this worker's previous attempt, which raised (it
 --           ended with a word)
 -- Returns: {'ok', attempts (this one included), silent (earlier ones that ended without a
---          word)}, or {'lost'} (the lease passed to another worker: start nothing)
+--          word), {field, value, ...} (the entry as stored, undecoded bytes; {} if it is
+--          gone)}, or {'lost'} (the lease passed to another worker: start nothing)
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- The key's owner lease is named by mailbox_keys(), inside KEYS[1]'s hash tag.
@@ -35,4 +40,7 @@ if err then return err end
 local _, owner_key = mailbox_keys(shard_prefix(KEYS[1]), member)
 if redis.call('GET', owner_key) ~= owner then return { 'lost' } end
 local attempts, silent = count_attempt(KEYS[2], id, token, also, failed)
-return { 'ok', attempts, silent }
+local found = redis.call('XRANGE', KEYS[3], id, id)
+local fields = {}
+if #found > 0 then fields = found[1][2] end
+return { 'ok', attempts, silent, fields }

@@ -4,7 +4,8 @@
 -- rejection record go with it. With a member, the entry leaves that key's
 -- mailbox; the owner keeps the lease and sees the next entry (as claim_key shows
 -- it: no attempt is counted), or releases the key when asked to (shutting down)
--- or when nothing is waiting.
+-- or when nothing is waiting. publish_and_finish.lua is this step with the
+-- entry's reply published in it.
 -- KEYS[1] = gm:inbound              (stream)  inbound entries
 -- KEYS[2] = {gm:inbound}:ready      (set)     keys with entries waiting
 -- KEYS[3] = {gm:inbound}:attempts   (hash)    entry ID -> '<attempts>:<with a word>:<last token>'
@@ -24,35 +25,8 @@
 -- The key's mailbox and owner lease are named by mailbox_keys(), inside KEYS[2]'s hash tag.
 
 local args = new_args()
-
-local group = args:str('group', ARGV[1], '^[%w%-_.:]+$')
-local id = args:str('entry_id', ARGV[2], '^%d+%-%d+$')
-local member = ''
-if ARGV[3] ~= '' then member = args:member('member', ARGV[3]) end
-local owner = args:str('owner', ARGV[4], '^[%w%-_.:]+$')
-local lease = args:int('lease_ms', ARGV[5], 1)
-local release = args:int('release', ARGV[6], 0, 1)
+local finish = finish_args(args, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 local err = args:error()
 if err then return err end
 
-redis.call('XACK', KEYS[1], group, id)
-redis.call('XDEL', KEYS[1], id)
-redis.call('HDEL', KEYS[3], id)
-redis.call('HDEL', KEYS[4], id)
-if member == '' then return { 'done' } end
-local mailbox, owner_key = mailbox_keys(shard_prefix(KEYS[2]), member)
-redis.call('LREM', mailbox, 1, id)
-if redis.call('GET', owner_key) ~= owner then return { 'lost' } end
-local head = redis.call('LINDEX', mailbox, 0)
-if not head then
-  redis.call('DEL', owner_key)
-  redis.call('SREM', KEYS[2], member)
-  return { 'empty' }
-end
-if release == 1 then
-  redis.call('DEL', owner_key)
-  return { 'released' }
-end
-redis.call('PEXPIRE', owner_key, lease)
-local ended, silent = peek_attempts(KEYS[3], head, '')
-return { 'ok', head, ended, silent, redis.call('HGET', KEYS[4], head) or '' }
+return finish_inbound_entry({ KEYS[1], KEYS[2], KEYS[3], KEYS[4] }, finish)

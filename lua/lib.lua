@@ -310,6 +310,52 @@ local function count_attempt(attempts, id, token, also, failed)
   return n, math.max(n - 1 - w, 0)
 end
 
+-- finish_entry's six arguments (ARGV[1..6]: group, entry ID, member or '', owner,
+-- lease_ms, release), checked; publish_and_finish.lua takes the same first six.
+local function finish_args(args, group, id, member, owner, lease, release)
+  local f = {
+    group = args:str('group', group, '^[%w%-_.:]+$'),
+    id = args:str('entry_id', id, '^%d+%-%d+$'),
+    member = '',
+    owner = args:str('owner', owner, '^[%w%-_.:]+$'),
+    lease = args:int('lease_ms', lease, 1),
+    release = args:int('release', release, 0, 1),
+  }
+  if member ~= '' then f.member = args:member('member', member) end
+  return f
+end
+
+-- An inbound entry is done (finish_entry.lua, publish_and_finish.lua): acknowledge
+-- and delete it with its attempts counter and rejection record; with a member, it
+-- leaves that key's mailbox and the owner sees the next entry (as claim_key shows
+-- it), or releases the key when asked to or when nothing is waiting. `keys` are
+-- the scripts' KEYS[1..4]: inbound, ready, attempts, rejected; `f` is finish_args'.
+-- Returns the scripts' reply (see their headers).
+local function finish_inbound_entry(keys, f)
+  local inbound, ready, attempts, rejected = keys[1], keys[2], keys[3], keys[4]
+  redis.call('XACK', inbound, f.group, f.id)
+  redis.call('XDEL', inbound, f.id)
+  redis.call('HDEL', attempts, f.id)
+  redis.call('HDEL', rejected, f.id)
+  if f.member == '' then return { 'done' } end
+  local mailbox, owner_key = mailbox_keys(shard_prefix(ready), f.member)
+  redis.call('LREM', mailbox, 1, f.id)
+  if redis.call('GET', owner_key) ~= f.owner then return { 'lost' } end
+  local head = redis.call('LINDEX', mailbox, 0)
+  if not head then
+    redis.call('DEL', owner_key)
+    redis.call('SREM', ready, f.member)
+    return { 'empty' }
+  end
+  if f.release == 1 then
+    redis.call('DEL', owner_key)
+    return { 'released' }
+  end
+  redis.call('PEXPIRE', owner_key, f.lease)
+  local ended, silent = peek_attempts(attempts, head, '')
+  return { 'ok', head, ended, silent, redis.call('HGET', rejected, head) or '' }
+end
+
 -- The shard context every session-ending script builds: {lru = {public, im},
 -- sessions, stats, events, max_events, wall, prefix}. `keys` are its KEYS by name
 -- (args:shard_keys), so no script reads them in an order of its own.

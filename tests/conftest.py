@@ -14,22 +14,29 @@ import shutil
 import tempfile
 import tomllib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+from typing import cast
 
 import fakeredis
 import pytest
 import redis as redis_py
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
+from hypothesis import settings
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from gridmem import ConversationConfig, ConversationStore, ManualClock
-from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem.embedded import EmbeddedCluster
+from gridmem.embedded import EmbeddedValkey
 from gridmem.executor import Executor
-from tests.doors import DOORS, AsyncDoors
+from tests.doors import DOORS
+from tests.doors import AsyncDoors
 
 pytest_plugins = ["pytester"]
 
@@ -275,7 +282,9 @@ class CommandCounter:
     """Records everything a client sends: each command, and each connection taken.
 
     The connection count covers what bypasses execute_command (context()'s
-    MULTI/EXEC is written straight to a pooled connection).
+    MULTI/EXEC is written straight to a pooled connection). A lone command written
+    straight to a pooled connection (the sync executor's FCALL, Executor._packed) is
+    counted by its name, as execute_command's are.
     """
 
     def __init__(self, client: redis_py.Redis) -> None:
@@ -283,14 +292,35 @@ class CommandCounter:
         original = client.execute_command
         pool = client.connection_pool
         original_checkout = pool.get_connection
+        inside = [0]  # > 0 while execute_command runs: its packets are counted already
 
         def counting(*args: Any, **options: Any) -> Any:
             self.commands.append(str(args[0]))
-            return original(*args, **options)
+            inside[0] += 1
+            try:
+                return original(*args, **options)
+            finally:
+                inside[0] -= 1
+
+        def watch(conn: Any) -> Any:
+            if getattr(conn, "_counted_by", None) is self:
+                return conn
+            send = conn.send_packed_command
+
+            def sending(packets: Any, *args: Any, **options: Any) -> Any:
+                head = b"".join(packets[:1]).split(b"\r\n", 3)
+                name = head[2].decode() if len(head) > 2 else ""
+                if not inside[0] and name.upper() != "MULTI":
+                    self.commands.append(name)
+                return send(packets, *args, **options)
+
+            conn.send_packed_command = sending
+            conn._counted_by = self
+            return conn
 
         def checkout(*args: Any, **options: Any) -> Any:
             self.commands.append("<connection>")
-            return original_checkout(*args, **options)
+            return watch(original_checkout(*args, **options))
 
         client.execute_command = counting  # type: ignore[method-assign]
         pool.get_connection = checkout  # type: ignore[method-assign]

@@ -26,8 +26,10 @@ from typing import Any
 
 from gridmem.clock import ManualClock
 from gridmem.config import Settings
-from gridmem.store import AsyncConversationStore, connect_async
-from worker.llm import ChatClient, Message
+from gridmem.store import AsyncConversationStore
+from gridmem.store import connect_async
+from worker.llm import ChatClient
+from worker.llm import Message
 from worker.service import Worker
 
 SETTINGS = {

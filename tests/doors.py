@@ -14,14 +14,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, cast
+from typing import Any
+from typing import cast
 
 import fakeredis
 import redis as redis_py
 import redis.asyncio as redis_async
 
-from gridmem import AsyncConversationStore, ConversationConfig, ManualClock
-from gridmem.store import connect_async, connect_cluster_async
+from gridmem import AsyncConversationStore
+from gridmem import ConversationConfig
+from gridmem import ManualClock
+from gridmem.store import connect_async
+from gridmem.store import connect_cluster_async
 
 DOORS = ["sync", "async"]
 

@@ -28,7 +28,8 @@ import string
 import unicodedata
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 
 from hypothesis import strategies as st
 

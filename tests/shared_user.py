@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from gridmem import AvatarMessage, ConversationStore, Settings
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
+from gridmem import Settings
 
 
 def main() -> None:

@@ -14,29 +14,34 @@ the global bounds (issue 12 item 5).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
+from typing import ClassVar
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
+from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import initialize
+from hypothesis.stateful import invariant
+from hypothesis.stateful import rule
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ToolSummary,
-)
-from gridmem.config import ShardLimits, shard_limits
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ToolSummary
+from gridmem.config import ShardLimits
+from gridmem.config import shard_limits
 from gridmem.embedded import EmbeddedValkey
 from gridmem.keys import KeySpace
 from tests.conftest import REAL_ENGINES
-from tests.helpers import avatar, recompute
+from tests.helpers import avatar
+from tests.helpers import recompute
 
 # One shard's bounds: small enough that compaction, trimming and eviction happen all
 # the time; the byte share holds one session and its archive (config.shard_limits).

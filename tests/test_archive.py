@@ -7,17 +7,16 @@ from typing import Any
 
 import pytest
 
-from gridmem import (
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ReasonCode,
-    TurnView,
-)
-from tests.helpers import avatar, recompute
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ReasonCode
+from gridmem import TurnView
+from tests.helpers import avatar
+from tests.helpers import recompute
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

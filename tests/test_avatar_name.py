@@ -23,9 +23,17 @@ from hypothesis import strategies as st
 from gridmem.config import Settings
 from gridmem.redaction import DEFAULT_REDACTOR
 from tests.helpers import dump_all
-from tests.secret_corpus import FAMILIES, WRAPPERS, instance, leaks
-from tests.test_worker import go, new_client, running
-from worker.llm import Message, OpenAICompatible, display_name, with_name
+from tests.secret_corpus import FAMILIES
+from tests.secret_corpus import WRAPPERS
+from tests.secret_corpus import instance
+from tests.secret_corpus import leaks
+from tests.test_worker import go
+from tests.test_worker import new_client
+from tests.test_worker import running
+from worker.llm import Message
+from worker.llm import OpenAICompatible
+from worker.llm import display_name
+from worker.llm import with_name
 
 __all__ = ["new_client"]  # the fixture, used by the worker tests below
 

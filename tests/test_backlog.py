@@ -14,13 +14,20 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import AsyncConversationStore, backlog, connect_async, partition_of
-from gridmem.config import Limits, Settings
-from gridmem.embedded import EmbeddedValkey, final_flush
+from gridmem import AsyncConversationStore
+from gridmem import backlog
+from gridmem import connect_async
+from gridmem import partition_of
+from gridmem.config import Limits
+from gridmem.config import Settings
+from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import final_flush
 from gridmem.executor import Executor
 from gridmem.keys import KeySpace
 from gridmem.redaction import DEFAULT_REDACTOR
-from gridmem.snapshots import HEADER_SIZE, SnapshotDirectory, parse_header
+from gridmem.snapshots import HEADER_SIZE
+from gridmem.snapshots import SnapshotDirectory
+from gridmem.snapshots import parse_header
 from tests.helpers import avatar
 
 pytestmark = pytest.mark.real

@@ -8,22 +8,21 @@ from typing import Any
 import fakeredis
 import pytest
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ReasonCode,
-    ToolSummary,
-)
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ReasonCode
+from gridmem import ToolSummary
 from gridmem.context import SUMMARY_HEADER
 from gridmem.keys import KeySpace
 from gridmem.records import CHANNEL_TTL_MS
-from tests.helpers import avatar, recompute
+from tests.helpers import avatar
+from tests.helpers import recompute
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 
@@ -363,15 +362,9 @@ def test_summary_lines_are_bounded_utf8(
 
 # As SHARDED, with the archive on: each of 16 shards' byte share (3,093) holds one
 # session and its archive (2,048 + 1,024), the least config.shard_limits accepts.
-ARCHIVED = Limits(
-    max_active_sessions=40,
-    max_aggregate_bytes=49_500,
-    max_session_bytes=2048,
-    max_text_bytes=256,
-    max_tool_result_bytes=256,
-    max_summary_bytes=512,
-    max_archive_segments=3,
-    max_archive_bytes=1024,
+ARCHIVED = Limits.model_validate(
+    SHARDED.model_dump()
+    | {"max_aggregate_bytes": 49_500, "max_archive_segments": 3, "max_archive_bytes": 1024}
 )
 
 

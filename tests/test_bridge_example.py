@@ -18,15 +18,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import IO
 
 import pytest
 
 from tests.helpers import avatar
-from tests.test_service import Service, _start, _stop, base
+from tests.test_service import Service
+from tests.test_service import _start
+from tests.test_service import _stop
+from tests.test_service import base
 from worker.localllm import LocalChatServer
 
 __all__ = ["base"]  # the fixture: a short temporary directory for the service

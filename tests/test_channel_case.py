@@ -19,14 +19,23 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import AvatarMessage, Channel, ConversationStore, InvalidChannel
-from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationStore
+from gridmem import InvalidChannel
+from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import cli_binary
 from gridmem.keys import KeySpace
-from gridmem.scripts import REJECTED_MEMBER, Scripts, load_scripts
+from gridmem.scripts import REJECTED_MEMBER
+from gridmem.scripts import Scripts
+from gridmem.scripts import load_scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
-from tests.test_operator_cli import CLI, gm
-from tests.test_worker import go, new_client, running
+from tests.test_operator_cli import CLI
+from tests.test_operator_cli import gm
+from tests.test_worker import go
+from tests.test_worker import new_client
+from tests.test_worker import running
 
 __all__ = ["new_client"]  # the fixture, used by the worker test below
 

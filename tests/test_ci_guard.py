@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import expected_real_tests
+from tests.frameworks import FRAMEWORKS
+from tests.frameworks import installed
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
@@ -174,6 +176,11 @@ def test_deselecting_real_tests_is_refused_under_ci(inner: pytest.Pytester) -> N
 
 def test_real_tests_toml_matches_the_suite() -> None:
     """The expected counts cannot rot: they must equal what the whole suite collects."""
+    missing = [module for module in FRAMEWORKS if not installed(module)]
+    if missing and os.environ.get("CI_SUBSET"):
+        # .ci/run's fast suites on other Pythons install .[test] only: the integration
+        # modules are left out, so the suite's count is not the whole suite's there
+        pytest.skip(f"not installed here (gridmem[integrations]): {', '.join(missing)}")
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "--real-test-counts"],

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ci_guard import REAL_ONES, SKIPPING, inner_project
+from tests.test_ci_guard import REAL_ONES
+from tests.test_ci_guard import SKIPPING
+from tests.test_ci_guard import inner_project
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = """

@@ -23,8 +23,12 @@ from typing import NamedTuple
 import pytest
 import redis as redis_py
 
-from gridmem.config import Settings, endpoints, redacted_url, unknown_environment
-from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem.config import Settings
+from gridmem.config import endpoints
+from gridmem.config import redacted_url
+from gridmem.config import unknown_environment
+from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import cli_binary
 from gridmem.errors import ConfigError
 from tests.conftest import short_tempdir
 from tests.helpers import OutputLines
@@ -499,7 +503,8 @@ def test_demo_residents_out_of_reach_are_refused_before_anything_runs(
 def test_each_kind_of_failure_has_its_status_and_words(
     exc: BaseException, status: int, said: str
 ) -> None:
-    from worker.cli import Where, failure
+    from worker.cli import Where
+    from worker.cli import failure
 
     where = Where(f"redis://:{SECRET}@h:6379/0", Path("/srv/gm"))
     told = failure(exc, where)
@@ -509,6 +514,7 @@ def test_each_kind_of_failure_has_its_status_and_words(
 
 def test_a_bug_keeps_its_traceback() -> None:
     """Only what a person can act on is turned into a line; anything else is a bug."""
-    from worker.cli import Where, failure
+    from worker.cli import Where
+    from worker.cli import failure
 
     assert failure(KeyError("x"), Where(None, Path("gridmem-data"))) is None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gridmem import Clock, ManualClock, SystemClock
+from gridmem import Clock
+from gridmem import ManualClock
+from gridmem import SystemClock
 
 
 def test_manual_clock_starts_paused() -> None:

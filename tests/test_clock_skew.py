@@ -17,8 +17,13 @@ from collections.abc import Callable
 import pytest
 import redis as redis_py
 
-from gridmem import AvatarMessage, Channel, ConversationStore, ManualClock, ReasonCode
-from gridmem.clock import DEFAULT_MANUAL_WALL_MS, MAX_CLOCK_BOOTS
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import ReasonCode
+from gridmem.clock import DEFAULT_MANUAL_WALL_MS
+from gridmem.clock import MAX_CLOCK_BOOTS
 from gridmem.keys import KeySpace
 from gridmem.records import CHANNEL_TTL_MS
 from tests.helpers import avatar

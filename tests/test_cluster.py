@@ -19,18 +19,16 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import (
-    AsyncConversationStore,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    Settings,
-    connect_cluster,
-    connect_cluster_async,
-)
+from gridmem import AsyncConversationStore
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import Settings
+from gridmem import connect_cluster
+from gridmem import connect_cluster_async
 from gridmem.embedded import EmbeddedCluster
 from gridmem.keys import KeySpace
 from tests.helpers import avatar

@@ -19,14 +19,22 @@ from pathlib import Path
 import pytest
 import redis
 
-from gridmem import AgentReply, AvatarMessage, ConversationConfig, ConversationStore
-from gridmem.embedded import EmbeddedCluster, EmbeddedValkey, cli_binary
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem.embedded import EmbeddedCluster
+from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import cli_binary
 from gridmem.keys import KeySpace
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
 from tests.test_operator_cli import _acl_recipes
 from worker.cli import main
-from worker.cluster_check import SLOTS, owners, parse_nodes, ranges
+from worker.cluster_check import SLOTS
+from worker.cluster_check import owners
+from worker.cluster_check import parse_nodes
+from worker.cluster_check import ranges
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "bin" / "gridmem-cli"

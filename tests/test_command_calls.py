@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import AvatarMessage, ConversationStore
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
 from gridmem.errors import BadScriptArgument
 from gridmem.keys import KeySpace
-from gridmem.scripts import Scripts, StatsReply
+from gridmem.scripts import Scripts
+from gridmem.scripts import StatsReply
 from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors

@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, TurnView
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import TurnView
 from gridmem.embedded import EmbeddedValkey
 from tests.conftest import REAL_ENGINES
 from tests.helpers import avatar

@@ -7,9 +7,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gridmem import ConfigError, ConversationConfig, Limits, Settings
-from gridmem.config import LIMIT_TABLE, shard_limits
-from gridmem.scripts import LIMIT_FIELDS, limits_packet
+from gridmem import ConfigError
+from gridmem import ConversationConfig
+from gridmem import Limits
+from gridmem import Settings
+from gridmem.config import LIMIT_TABLE
+from gridmem.config import shard_limits
+from gridmem.scripts import LIMIT_FIELDS
+from gridmem.scripts import limits_packet
 from gridmem.store import open_store
 
 DESIGN_CEILINGS = {

@@ -20,21 +20,20 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import (
-    AsyncConversationStore,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    ManualClock,
-    connect_cluster,
-    connect_cluster_async,
-)
+from gridmem import AsyncConversationStore
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import connect_cluster
+from gridmem import connect_cluster_async
 from gridmem.embedded import EmbeddedCluster
 from gridmem.keys import KeySpace
 from tests.conftest import flush_cluster
 from tests.helpers import avatar
-from tests.test_cluster import node_of_slot, on_node
+from tests.test_cluster import node_of_slot
+from tests.test_cluster import on_node
 from tests.test_shard_tags import slot
 
 pytestmark = pytest.mark.real

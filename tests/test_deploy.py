@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel
 
-from gridmem.config import LIMIT_TABLE, Settings
+from gridmem.config import LIMIT_TABLE
+from gridmem.config import Settings
 from worker.cli import build_parser
 from worker.supervisor import GRACEFUL_STOP_SECONDS
 

@@ -11,7 +11,8 @@ import inspect
 from types import FunctionType
 
 import gridmem
-from gridmem import AsyncConversationStore, ConversationStore
+from gridmem import AsyncConversationStore
+from gridmem import ConversationStore
 
 # Only how each I/O style closes differs: asyncio closes with `aclose`.
 SYNC_ONLY = {"close"}

@@ -14,19 +14,18 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_py
 
-from gridmem import (
-    AsyncConversationStore,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    ManualClock,
-    connect,
-    connect_cluster,
-    connect_cluster_async,
-    service_streams,
-)
-from gridmem.embedded import EmbeddedCluster, EmbeddedValkey
+from gridmem import AsyncConversationStore
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import connect
+from gridmem import connect_cluster
+from gridmem import connect_cluster_async
+from gridmem import service_streams
+from gridmem.embedded import EmbeddedCluster
+from gridmem.embedded import EmbeddedValkey
 from gridmem.errors import DurabilityTimeout
 from gridmem.keys import KeySpace
 from tests.helpers import avatar

@@ -6,16 +6,14 @@ from typing import Any
 
 import pytest
 
-from gridmem import (
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Event,
-    Limits,
-    ManualClock,
-    ReasonCode,
-)
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Event
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ReasonCode
 from gridmem.records import CHANNEL_TTL_MS
 from tests.helpers import avatar
 

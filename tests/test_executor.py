@@ -16,9 +16,11 @@ from typing import Any
 import fakeredis
 import pytest
 
-from gridmem import AvatarMessage, ConversationStore
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
 from gridmem.errors import StoreClosed
-from gridmem.executor import AsyncExecutor, Executor
+from gridmem.executor import AsyncExecutor
+from gridmem.executor import Executor
 from gridmem.scripts import Scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
@@ -149,3 +151,55 @@ def test_a_replayed_record_says_it_was_a_duplicate(redis: Any) -> None:
     other = store.record(avatar(1), "im", AvatarMessage(text="twice"), idempotency_key="k2")
     assert (first.duplicate, again.duplicate, other.duplicate) == (False, True, False)
     assert again == first and again.seq == first.seq
+
+
+def test_packed_fcalls_from_many_threads_share_the_pool_safely(real_redis: Any) -> None:
+    """The sync executor writes FCALL straight to pooled connections (Executor._packed):
+    threads calling one store at once each get their own reply, none another's."""
+    import threading
+
+    store = ConversationStore(real_redis)
+    store.record(avatar(1), "im", AvatarMessage(text="warm up"))
+    receipts: dict[int, list[int]] = {}
+
+    def writer(n: int) -> None:
+        receipts[n] = [
+            store.record(avatar(100 + n), "im", AvatarMessage(text=f"t{n} {i}")).seq
+            for i in range(40)
+        ]
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then: every thread saw its own seqs in order, all distinct, each turn stored once
+    seqs = [s for got in receipts.values() for s in got]
+    assert len(seqs) == len(set(seqs)) == 240
+    assert all(got == sorted(got) for got in receipts.values())
+    for n in range(6):
+        contents = [m.content for m in store.context(avatar(100 + n), "im")]
+        assert contents == [f"t{n} {i}" for i in range(40)]
+
+
+def test_a_forked_child_uses_its_own_connection(real_redis: Any) -> None:
+    """A child forked after the parent's FCALLs must not read replies from the
+    parent's socket: redis-py's pool drops inherited connections (_checkpid)."""
+    import os
+
+    store = ConversationStore(real_redis)
+    parent_seq = store.record(avatar(1), "im", AvatarMessage(text="parent before")).seq
+    pid = os.fork()
+    if pid == 0:  # the child: record through the inherited store, report by exit code
+        code = 1
+        try:
+            receipt = store.record(avatar(2), "im", AvatarMessage(text="child"))
+            code = 0 if receipt.seq > parent_seq else 2
+        finally:
+            os._exit(code)
+    after = store.record(avatar(1), "im", AvatarMessage(text="parent after"))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert after.seq > parent_seq
+    assert [m.content for m in store.context(avatar(2), "im")] == ["child"]
+    assert [m.content for m in store.context(avatar(1), "im")] == ["parent before", "parent after"]

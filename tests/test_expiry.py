@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from gridmem import (
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ConversationStore,
-    ManualClock,
-    ReasonCode,
-)
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import ReasonCode
 from gridmem.records import CHANNEL_TTL_MS
 from gridmem.scripts import WRITE_SWEEP_BATCH
-from tests.helpers import all_keys, avatar
+from tests.helpers import all_keys
+from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
 

@@ -35,8 +35,11 @@ import inspect
 import os
 import signal
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +47,12 @@ import pytest
 import redis as redis_py
 from redis.crc import key_slot
 
-from gridmem import (
-    AsyncConversationStore,
-    AvatarMessage,
-    Channel,
-    Settings,
-    connect_cluster_async,
-    service_streams,
-)
+from gridmem import AsyncConversationStore
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import Settings
+from gridmem import connect_cluster_async
+from gridmem import service_streams
 from gridmem.clock import ManualClock
 from gridmem.embedded import EmbeddedCluster
 from gridmem.executor import RETRYABLE
@@ -59,7 +60,8 @@ from gridmem.keys import ServiceKeys
 from gridmem.store import async_client_for
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
-from tests.test_partitions import check_requests_hold_one_key, expected_partition
+from tests.test_partitions import check_requests_hold_one_key
+from tests.test_partitions import expected_partition
 from worker.llm import Message
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

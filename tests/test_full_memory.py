@@ -26,24 +26,25 @@ import pytest
 import redis as redis_py
 import redis.asyncio as redis_async
 
-from gridmem import (
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ReasonCode,
-)
-from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ReasonCode
+from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import cli_binary
 from gridmem.errors import BadScriptArgument
 from gridmem.executor import translate
 from gridmem.keys import KeySpace
-from gridmem.reads import clock_fields, context_read
+from gridmem.reads import clock_fields
+from gridmem.reads import context_read
 from gridmem.scripts import load_scripts
 from gridmem.store import AsyncConversationStore
 from tests.conftest import REAL_ENGINES
-from tests.helpers import avatar, dump_all
+from tests.helpers import avatar
+from tests.helpers import dump_all
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

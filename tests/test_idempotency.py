@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
 from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too

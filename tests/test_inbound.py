@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from worker.inbound import Rejected, check_inbound, decode_inbound
+from worker.inbound import Rejected
+from worker.inbound import check_inbound
+from worker.inbound import decode_inbound
 
 U = "8a5e2c1b-0d6f-4f3a-9c1e-7b2d4e6f8a90"
 

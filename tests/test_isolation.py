@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gridmem import AgentReply, AvatarMessage, Channel, ConversationStore, ToolSummary
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationStore
+from gridmem import ToolSummary
 from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too

@@ -11,16 +11,16 @@ import pytest
 
 from gridmem.config import LlmSettings
 from tests.test_inbound import INVISIBLE_ONLY
-from worker.llm import (
-    OFFLINE_LABEL,
-    LlmUnavailable,
-    OfflineResponder,
-    OpenAICompatible,
-    build_chat_client,
-    clean_reply,
-    offline_reply,
-)
-from worker.localllm import MALFORMED, MARK, LocalChatServer
+from worker.llm import OFFLINE_LABEL
+from worker.llm import LlmUnavailable
+from worker.llm import OfflineResponder
+from worker.llm import OpenAICompatible
+from worker.llm import build_chat_client
+from worker.llm import clean_reply
+from worker.llm import offline_reply
+from worker.localllm import MALFORMED
+from worker.localllm import MARK
+from worker.localllm import LocalChatServer
 
 MESSAGES = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hello"}]
 

@@ -15,27 +15,31 @@ import pytest
 import redis as redis_py
 
 from gridmem.config import Limits
-from gridmem.errors import BadScriptArgument, CorruptState, ScriptError
-from gridmem.executor import Executor, translate
+from gridmem.errors import BadScriptArgument
+from gridmem.errors import CorruptState
+from gridmem.errors import ScriptError
+from gridmem.executor import Executor
+from gridmem.executor import translate
 from gridmem.keys import KeySpace
 from gridmem.records import Channel
-from gridmem.scripts import (
-    LIMIT_FIELDS,
-    SCRIPT_NAMES,
-    ClockReading,
-    Scripts,
-    limits_packet,
-    load_scripts,
-    lua_dir,
-)
+from gridmem.scripts import LIMIT_FIELDS
+from gridmem.scripts import SCRIPT_NAMES
+from gridmem.scripts import ClockReading
+from gridmem.scripts import Scripts
+from gridmem.scripts import limits_packet
+from gridmem.scripts import load_scripts
+from gridmem.scripts import lua_dir
 from gridmem.session_calls import shard_script_keys
-from tests.helpers import avatar, dump_all
+from gridmem.stream_calls import OutboundReply
+from tests.helpers import avatar
+from tests.helpers import dump_all
 
 SCRIPTS = load_scripts()
 KEYSPACE = KeySpace()
 A = avatar(1)
 SESSION, SHARD = KEYSPACE.session(A, Channel.PUBLIC)
 SERVICE = KEYSPACE.service()
+PARTITIONED = KeySpace(partitions=2).service(0)
 MEMBER = SESSION.member
 SID = "ab" * 16
 NOW = ("1000", "1767225600000", "boot-a")
@@ -266,6 +270,45 @@ class TestSweepIdle:
 DELETE_KEYS = RECORD_KEYS
 
 
+class TestPopNewest:
+    def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
+        # Given two records: the newest is popped, then the last one ends the session
+        assert _s(run("pop_newest", RECORD_KEYS, [*NOW, MEMBER, 100])) == [0, "", 0]
+        run("record_turn", RECORD_KEYS, record_args())
+        run("record_turn", RECORD_KEYS, record_args(payload='["r","two"]'))
+        newest = redis.zrange(SESSION.turns, -1, -1)[0].decode()
+        assert _s(run("pop_newest", RECORD_KEYS, [*NOW, MEMBER, 100])) == [1, newest, 0]
+        oldest = redis.zrange(SESSION.turns, 0, 0)[0].decode()
+        assert _s(run("pop_newest", RECORD_KEYS, [*NOW, MEMBER, 100])) == [1, oldest, 1]
+        assert _s(run("pop_newest", RECORD_KEYS, [*NOW, MEMBER, 100])) == [0, "", 0]
+        first, second = _events(redis)
+        assert first[1] == {
+            "reason": "popped_newest", "at": NOW[1], "sid": SID, "uuid": A, "ch": "public",
+            "seq": "2", "bytes": str(len(newest.encode())), "turns": "1",
+        }  # fmt: skip
+        assert second[1]["reason"] == "popped_newest" and second[1]["turns"] == "1"
+        assert not redis.exists(*SESSION.all()) and redis.hget(SHARD.stats, "bytes") == b"0"
+
+    @pytest.mark.parametrize(
+        ("field", "args"),
+        [
+            ("now_mono", ["x", *NOW[1:], MEMBER, 100]),
+            ("boot_id", [*NOW[:2], "bad boot", MEMBER, 100]),
+            ("member", [*NOW, "x", 100]),
+            ("member", [*NOW, A + ":group", 100]),
+            ("max_events", [*NOW, MEMBER, 0]),
+        ],
+    )
+    def test_bad_arguments(
+        self, run: Run, redis: redis_py.Redis, field: str, args: list[Any]
+    ) -> None:
+        run("record_turn", RECORD_KEYS, record_args())
+        before = dump_all(redis)
+        with pytest.raises(BadScriptArgument, match=f"GM_BADARG {field}"):
+            run("pop_newest", RECORD_KEYS, args)
+        assert dump_all(redis) == before
+
+
 class TestDeleteSession:
     def test_shapes(self, run: Run, redis: redis_py.Redis) -> None:
         run("record_turn", RECORD_KEYS, record_args())
@@ -312,6 +355,7 @@ def _wrapper_calls() -> dict[str, Any]:
         "delete_session": s.delete_session(
             SESSION, SHARD, now_wall=0, reason="deleted_operator", max_events=1
         ),
+        "pop_newest": s.pop_newest(SESSION, SHARD, clock, max_events=1),
         "export_sessions": s.export_sessions(SHARD, clock, after="", max_sessions=1, max_bytes=1),
         "restore_session": s.restore_session(
             SESSION, SHARD, clock, session_id=SID, created_ms=0, active_ms=0, age_ms=0, summary="",
@@ -328,9 +372,12 @@ def _wrapper_calls() -> dict[str, Any]:
         "finish_entry": s.finish_entry(
             SERVICE, group="g", entry_id="1-0", member=MEMBER, owner="w", lease_ms=1, release=False,
         ),
+        "publish_and_finish": s.finish_entry(  # where it is used: outbound in the slot
+            PARTITIONED, group="g", entry_id="1-0", member=MEMBER, owner="w", lease_ms=1, release=False,
+            reply=OutboundReply(A, "public", "t", "1-0", SID), max_replies=1,
+        ),
         "renew_lease": s.renew_lease(SERVICE, member=MEMBER, owner="w", lease_ms=1),
         "orphaned_keys": s.orphaned_keys(SERVICE, sample=1),
-        "read_inbound": s.read_inbound(SERVICE, entry_id="1-0"),
         "read_backlog": s.read_backlog(SERVICE),
     }  # fmt: skip
 
@@ -380,7 +427,7 @@ def _key_templates(keys: tuple[str, ...]) -> list[str]:
     return [k.replace("{0}", "{shard}").replace(MEMBER, "<uuid>:<ch>") for k in keys]
 
 
-SHARD_SCRIPTS = ["record_turn", "restore_session", "sweep_idle", "delete_session"]
+SHARD_SCRIPTS = ["record_turn", "restore_session", "sweep_idle", "delete_session", "pop_newest"]
 
 
 @pytest.mark.parametrize("name", SHARD_SCRIPTS)
@@ -389,7 +436,8 @@ def test_every_shard_script_takes_the_one_keys_layout(name: str) -> None:
     orders and sets of their own (sweep_idle and delete_session fewer than the writers).
     Now each reads one layout by name: the session's keys where it has one, then the
     shard's, SHARD_PARTS in order, as session_calls.shard_script_keys builds them."""
-    from gridmem.keys import SESSION_PARTS, SHARD_PARTS
+    from gridmem.keys import SESSION_PARTS
+    from gridmem.keys import SHARD_PARTS
 
     call = _wrapper_calls()[name]
     has_session = name != "sweep_idle"
@@ -615,11 +663,16 @@ def test_the_prelude_is_what_lua_uses(redis: redis_py.Redis) -> None:
     the Python ones, and bin/gridmem-cli's copy (lua/generated/prelude.lua) is it."""
     import json
 
-    from gridmem.clock import MAX_BOOT_ID_CHARS, MAX_CLOCK_BOOTS
-    from gridmem.keys import SESSION_PARTS, SHARD_PARTS
+    from gridmem.clock import MAX_BOOT_ID_CHARS
+    from gridmem.clock import MAX_CLOCK_BOOTS
+    from gridmem.keys import SESSION_PARTS
+    from gridmem.keys import SHARD_PARTS
     from gridmem.kinds import KINDS
-    from gridmem.library import PRELUDE_FILE, prelude
-    from gridmem.records import CHANNEL_TTL_MS, DeadLetterReason, ReasonCode
+    from gridmem.library import PRELUDE_FILE
+    from gridmem.library import prelude
+    from gridmem.records import CHANNEL_TTL_MS
+    from gridmem.records import DeadLetterReason
+    from gridmem.records import ReasonCode
 
     generated = prelude()
     assert all(script.source.startswith(generated) for script in SCRIPTS.values())
@@ -651,7 +704,8 @@ def test_no_lua_file_spells_a_reason_code() -> None:
     """Event reason codes come from the prelude's REASON table (gridmem/records.py
     ReasonCode), dead-letter ones from its DEAD table (DeadLetterReason): a Lua string
     literal of one would be a second definition."""
-    from gridmem.records import DeadLetterReason, ReasonCode
+    from gridmem.records import DeadLetterReason
+    from gridmem.records import ReasonCode
 
     codes = "|".join(code.value for code in [*ReasonCode, *DeadLetterReason])
     literal = re.compile(rf"['\"]({codes})['\"]")

@@ -6,7 +6,11 @@ from typing import Any
 
 import pytest
 
-from gridmem import AvatarMessage, Channel, ConversationStore, ManualClock, SessionMetadata
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import SessionMetadata
 from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too

@@ -7,24 +7,27 @@ import os
 import shutil
 import subprocess
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import pytest
 
-from gridmem import (
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ReasonCode,
-    ToolSummary,
-)
-from gridmem.embedded import EmbeddedValkey, cli_binary
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ReasonCode
+from gridmem import ToolSummary
+from gridmem.embedded import EmbeddedValkey
+from gridmem.embedded import cli_binary
 from gridmem.keys import shard_tags
 from tests.conftest import short_tempdir
-from tests.helpers import OutputLines, avatar
+from tests.helpers import OutputLines
+from tests.helpers import avatar
 
 pytestmark = pytest.mark.real
 
@@ -136,6 +139,7 @@ class Follower:
     """`gridmem-cli events --follow` in the background, read with a deadline: a hang fails."""
 
     def __init__(self, server: EmbeddedValkey, client: str, tmp: Path, *args: str) -> None:
+        self.tmp = tmp
         env = {**os.environ, "GRIDMEM_REDIS_CLI": client, "TMPDIR": str(tmp)}
         self.process = subprocess.Popen(
             [str(CLI), "-s", str(server.socket_path), "events", "--follow", *args],
@@ -168,6 +172,18 @@ class Follower:
             self.process.wait(timeout=30)
 
 
+@contextmanager
+def following(server: EmbeddedValkey, client: str, *args: str) -> Iterator[Follower]:
+    """A Follower with a temporary directory of its own (its TMPDIR), both gone after."""
+    tmp = short_tempdir("gm-follow-")
+    follower = Follower(server, client, tmp, *args)
+    try:
+        yield follower
+    finally:
+        follower.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_events_and_follow(
     server: EmbeddedValkey, store: ConversationStore, client_binary: str
 ) -> None:
@@ -178,18 +194,13 @@ def test_events_and_follow(
     assert [e["id"] for e in events] == [e.id for e in store.events(count=1000)][-3:]
     table = gm(server, client_binary, "events")
     assert table.returncode == 0 and MARK not in table.stdout
-    tmp = short_tempdir("gm-follow-")
-    follower = Follower(server, client_binary, tmp, "--count", "1")
-    try:
+    with following(server, client_binary, "--count", "1") as follower:
         assert "compacted" in follower.line()
         store.delete(B, "public")
         line = follower.line()  # arrives within the poll
         assert "deleted_operator" in line and B in line
         assert "Traceback" not in follower.stop()
-        assert list(tmp.iterdir()) == []  # its temporary file went with it
-    finally:
-        follower.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        assert list(follower.tmp.iterdir()) == []  # its temporary file went with it
 
 
 @pytest.mark.parametrize(
@@ -587,9 +598,7 @@ def test_events_cover_every_shard(
 def test_events_follow_every_shard(
     server: EmbeddedValkey, client_binary: str, three_shards: ThreeShards
 ) -> None:
-    tmp = short_tempdir("gm-follow-")
-    follower = Follower(server, client_binary, tmp, "--count", "1")
-    try:
+    with following(server, client_binary, "--count", "1") as follower:
         assert "deleted_operator" in follower.line()
         last = [three_shards.by_shard[2][0], three_shards.by_shard[0][0]]
         for who in last:
@@ -598,9 +607,6 @@ def test_events_follow_every_shard(
         assert all("expired_operator" in line for line in lines)
         assert {who for who in last for line in lines if who in line} == set(last)
         assert "Traceback" not in follower.stop()
-    finally:
-        follower.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
@@ -759,17 +765,12 @@ def test_json_events_follow_prints_one_object_per_line(
     server: EmbeddedValkey, store: ConversationStore, client_binary: str
 ) -> None:
     """A followed stream has no end, so --follow --json stays JSON Lines (documented)."""
-    tmp = short_tempdir("gm-follow-")
-    follower = Follower(server, client_binary, tmp, "--count", "2", "--json")
-    try:
+    with following(server, client_binary, "--count", "2", "--json") as follower:
         first = [json.loads(follower.line()), json.loads(follower.line())]
         assert all(isinstance(e, dict) and e["reason"] == "compacted" for e in first)
         store.delete(B, "public")
         assert json.loads(follower.line())["reason"] == "deleted_operator"
         assert "Traceback" not in follower.stop()
-    finally:
-        follower.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_json_transcript_has_no_next_anchor_on_its_last_page(

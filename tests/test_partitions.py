@@ -27,17 +27,29 @@ import fakeredis
 import pytest
 from redis.crc import key_slot
 
-from gridmem import ConversationConfig, connect_cluster_async, partition_of, service_streams
+from gridmem import ConversationConfig
+from gridmem import connect_cluster_async
+from gridmem import partition_of
+from gridmem import service_streams
 from gridmem.clock import ManualClock
 from gridmem.config import Settings
 from gridmem.errors import InvalidAvatarId
-from gridmem.keys import KeySpace, ServiceKeys
-from gridmem.partitions import CLUSTER_SLOTS, partition_tags
-from gridmem.store import AsyncConversationStore, async_client_for
-from tests.conftest import flush_cluster, short_tempdir
+from gridmem.keys import KeySpace
+from gridmem.keys import ServiceKeys
+from gridmem.partitions import CLUSTER_SLOTS
+from gridmem.partitions import partition_tags
+from gridmem.store import AsyncConversationStore
+from gridmem.store import async_client_for
+from gridmem.stream_calls import OutboundReply
+from tests.conftest import flush_cluster
+from tests.conftest import short_tempdir
 from tests.helpers import avatar
-from tests.test_cluster import node_keys, node_of_slot
-from tests.test_worker import DEADLINE, go, new_client, watch
+from tests.test_cluster import node_keys
+from tests.test_cluster import node_of_slot
+from tests.test_worker import DEADLINE
+from tests.test_worker import go
+from tests.test_worker import new_client
+from tests.test_worker import watch
 from worker.llm import Message
 from worker.localllm import LocalChatServer
 
@@ -389,7 +401,11 @@ def test_gridmem_serve_on_four_partitions_survives_a_sigkill_exactly_once() -> N
     every message of 16 avatars x 2 channels is stored once and answered, per key in the
     order posted, each reply on its avatar's partition; no request to the model mixes
     keys; every key the queue left sits in its partition's slot."""
-    from tests.test_service import TAG, _assert_exactly_once, _start, _stop, wait_until
+    from tests.test_service import TAG
+    from tests.test_service import _assert_exactly_once
+    from tests.test_service import _start
+    from tests.test_service import _stop
+    from tests.test_service import wait_until
 
     services = service_streams("gm", PARTITIONS)
     base = short_tempdir("gm-part-")
@@ -448,7 +464,8 @@ def test_every_step_of_the_queue_runs_on_a_real_cluster_and_partitions_spread() 
     5 or 6 on each master. (The worker itself on a cluster: the test after this one.)"""
     from gridmem.embedded import EmbeddedCluster
     from gridmem.executor import Executor
-    from gridmem.scripts import Scripts, load_scripts
+    from gridmem.scripts import Scripts
+    from gridmem.scripts import load_scripts
 
     directory = short_tempdir("gm-cluster-")
     try:
@@ -498,8 +515,10 @@ def _one_of_each_step(client: Any, executor: Any, scripts: Any, keys: ServiceKey
                 entry_id=step.entry_id,
                 token=f"t{step.entry_id.replace('-', '')}",
             )
-            assert executor.call(attempt).state == "ok"
+            count = executor.call(attempt)
+            assert count.state == "ok"
             assert executor.call(scripts.renew_lease(keys, member=member, owner="c", lease_ms=5000))
+            reply = None
             if step.rejected:
                 executor.call(
                     scripts.dead_letter(
@@ -507,17 +526,9 @@ def _one_of_each_step(client: Any, executor: Any, scripts: Any, keys: ServiceKey
                     )
                 )
             else:
-                executor.call(scripts.read_inbound(keys, entry_id=step.entry_id))
-                reply = scripts.publish_reply(
-                    keys,
-                    avatar_uuid=uuid,
-                    channel="im",
-                    text_="ok",
-                    in_reply_to=step.entry_id,
-                    session_id="ab" * 16,
-                    max_entries=10,
-                )
-                executor.call(reply)
+                assert dict(count.fields)[b"avatar_uuid"] == uuid.encode()
+                # a partition's outbound stream is in its slot: published as it finishes
+                reply = OutboundReply(uuid, "im", "ok", step.entry_id, "ab" * 16)
             finish = scripts.finish_entry(
                 keys,
                 group="workers",
@@ -526,6 +537,8 @@ def _one_of_each_step(client: Any, executor: Any, scripts: Any, keys: ServiceKey
                 owner="c",
                 lease_ms=5000,
                 release=False,
+                reply=reply,
+                max_replies=10,
             )
             step = executor.call(finish)
     assert (client.xlen(keys.inbound), client.xlen(keys.outbound), client.xlen(keys.dead)) == (

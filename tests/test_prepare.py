@@ -5,32 +5,36 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationStore,
-    InputTooLarge,
-    InvalidRecord,
-    Limits,
-    ToolSummary,
-)
-from gridmem.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
-from gridmem.prepare import (
-    AVATAR_HEAD,
-    TRUNCATION_MARKER,
-    WITHHELD,
-    Preparer,
-    check_size,
-    fold_line,
-    truncate,
-)
-from gridmem.redaction import DEFAULT_REDACTOR, Redactor, Rule, redact
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
+from gridmem import InputTooLarge
+from gridmem import InvalidRecord
+from gridmem import Limits
+from gridmem import ToolSummary
+from gridmem.config import MIN_TEXT_BYTES
+from gridmem.config import SUMMARY_LINE_BYTES
+from gridmem.prepare import AVATAR_HEAD
+from gridmem.prepare import TRUNCATION_MARKER
+from gridmem.prepare import WITHHELD
+from gridmem.prepare import Preparer
+from gridmem.prepare import check_size
+from gridmem.prepare import fold_line
+from gridmem.prepare import truncate
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.redaction import Redactor
+from gridmem.redaction import Rule
+from gridmem.redaction import redact
 from tests.helpers import avatar
-from tests.test_restore_roundtrip import CONTROL, fold_head, texts_near_bounds
+from tests.test_restore_roundtrip import CONTROL
+from tests.test_restore_roundtrip import fold_head
+from tests.test_restore_roundtrip import texts_near_bounds
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 

@@ -15,11 +15,17 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import AvatarMessage, ConversationConfig, ConversationStore, Limits, ManualClock
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
 from gridmem.errors import BadScriptArgument
 from gridmem.executor import translate
-from gridmem.keys import KeySpace, shard_tags
-from gridmem.scripts import Scripts, load_scripts
+from gridmem.keys import KeySpace
+from gridmem.keys import shard_tags
+from gridmem.scripts import Scripts
+from gridmem.scripts import load_scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
 

@@ -6,15 +6,13 @@ from typing import Any
 
 import pytest
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ToolSummary,
-)
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ToolSummary
 from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too

@@ -13,21 +13,27 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationStore,
-    ManualClock,
-    ToolSummary,
-)
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import ToolSummary
 from gridmem.clock import MAX_BOOT_ID_CHARS
-from gridmem.context import ENTRY_CACHE, EntryCache, context_messages
-from gridmem.errors import BadScriptArgument, CorruptRecord
+from gridmem.context import ENTRY_CACHE
+from gridmem.context import EntryCache
+from gridmem.context import context_messages
+from gridmem.errors import BadScriptArgument
+from gridmem.errors import CorruptRecord
 from gridmem.keys import KeySpace
 from gridmem.library import lib_source
-from gridmem.reads import check_clock, clock_fields, context_read, is_live, live_now
-from gridmem.records import CHANNEL_TTL_MS, Channel
+from gridmem.reads import check_clock
+from gridmem.reads import clock_fields
+from gridmem.reads import context_read
+from gridmem.reads import is_live
+from gridmem.reads import live_now
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.records import Channel
 from gridmem.scripts import ClockReading
 from tests.helpers import avatar
 

@@ -12,41 +12,44 @@ from typing import Any
 
 import fakeredis
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    InputTooLarge,
-    InvalidInput,
-    Limits,
-    ManualClock,
-    ToolSummary,
-)
-from gridmem.redaction import RULES, Redactor, redact
-from tests.conftest import CI_EXAMPLES, examples, hypothesis_profile
-from tests.helpers import avatar, dump_all
-from tests.secret_corpus import (
-    ANY_BENIGN,
-    ANY_CASE,
-    BENIGN,
-    FAMILIES,
-    SEEDS,
-    WRAPPERS,
-    Case,
-    benign,
-    cases,
-    chat,
-    fold,
-    instance,
-    leaks,
-    leaks_all,
-    tool_instance,
-)
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import InputTooLarge
+from gridmem import InvalidInput
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ToolSummary
+from gridmem.redaction import RULES
+from gridmem.redaction import Redactor
+from gridmem.redaction import redact
+from tests.conftest import CI_EXAMPLES
+from tests.conftest import examples
+from tests.conftest import hypothesis_profile
+from tests.helpers import avatar
+from tests.helpers import dump_all
+from tests.secret_corpus import ANY_BENIGN
+from tests.secret_corpus import ANY_CASE
+from tests.secret_corpus import BENIGN
+from tests.secret_corpus import FAMILIES
+from tests.secret_corpus import SEEDS
+from tests.secret_corpus import WRAPPERS
+from tests.secret_corpus import Case
+from tests.secret_corpus import benign
+from tests.secret_corpus import cases
+from tests.secret_corpus import chat
+from tests.secret_corpus import fold
+from tests.secret_corpus import instance
+from tests.secret_corpus import leaks
+from tests.secret_corpus import leaks_all
+from tests.secret_corpus import tool_instance
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -315,6 +318,9 @@ COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
             ("0cb18382-a42e-4f15-82cc-4ceba01a5e4d",),
         )
     ),
+    # a YAML block under a header-like name (`api-key: |`): the credential-header rule
+    # took the `|` as the value and left the block (dev profile, round 4)
+    pasted(instance("assignment", 12367421, "zero-width")),
     # @@COUNTEREXAMPLES@@
 ]
 

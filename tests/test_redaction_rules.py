@@ -14,15 +14,13 @@ from collections.abc import Callable
 
 import pytest
 
-from gridmem.redaction import (
-    DEFAULT_REDACTOR,
-    GRID_NEGATIVES,
-    MATCH_BUDGET_BASE,
-    RULES,
-    Redactor,
-    normalize,
-    redact,
-)
+from gridmem.redaction import DEFAULT_REDACTOR
+from gridmem.redaction import GRID_NEGATIVES
+from gridmem.redaction import MATCH_BUDGET_BASE
+from gridmem.redaction import RULES
+from gridmem.redaction import Redactor
+from gridmem.redaction import normalize
+from gridmem.redaction import redact
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
 
@@ -449,9 +447,11 @@ def test_a_tool_named_like_a_secret_loses_its_bare_value(
 ) -> None:
     """A tool summary that is the bare value of a secret-named tool: nothing of it in
     Redis (fakeredis and the real servers), and plain words under such a tool stay."""
-    from gridmem import ConversationStore, ToolSummary
+    from gridmem import ConversationStore
+    from gridmem import ToolSummary
     from tests.doors import BlockingDoor
-    from tests.helpers import avatar, dump_all
+    from tests.helpers import avatar
+    from tests.helpers import dump_all
 
     assert isinstance(store, ConversationStore | BlockingDoor)  # either door
     who = avatar(7)
@@ -640,9 +640,12 @@ def test_round3_secret_tool_and_action_names(
 ) -> None:
     """Tool summaries and action details under a secret name: nothing of the value in
     Redis (fakeredis and real servers); honest words stay."""
-    from gridmem import ActionResult, ConversationStore, ToolSummary
+    from gridmem import ActionResult
+    from gridmem import ConversationStore
+    from gridmem import ToolSummary
     from tests.doors import BlockingDoor
-    from tests.helpers import avatar, dump_all
+    from tests.helpers import avatar
+    from tests.helpers import dump_all
 
     assert isinstance(store, ConversationStore | BlockingDoor)  # either door
     who = avatar(8)

@@ -21,28 +21,36 @@ from typing import Any
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    InputTooLarge,
-    InvalidRecord,
-    Limits,
-    ManualClock,
-)
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import InputTooLarge
+from gridmem import InvalidRecord
+from gridmem import Limits
+from gridmem import ManualClock
 from gridmem.codec import decode_entries
-from gridmem.config import MIN_TEXT_BYTES, SUMMARY_LINE_BYTES
-from gridmem.prepare import AGENT_HEAD, AVATAR_HEAD, action_head, fold_line, tool_head
+from gridmem.config import MIN_TEXT_BYTES
+from gridmem.config import SUMMARY_LINE_BYTES
+from gridmem.prepare import AGENT_HEAD
+from gridmem.prepare import AVATAR_HEAD
+from gridmem.prepare import action_head
+from gridmem.prepare import fold_line
+from gridmem.prepare import tool_head
 from gridmem.records import ToolSummary
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
-from tests.test_redaction import ANY_SECRET, SECRETS, chat_with_secrets
+from tests.test_redaction import ANY_SECRET
+from tests.test_redaction import SECRETS
+from tests.test_redaction import chat_with_secrets
 
 WHO = [avatar(1), avatar(2)]
 # Control characters as the write path's contract names them (C0 but tab and newline,

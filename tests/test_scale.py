@@ -7,16 +7,14 @@ from typing import Any
 
 import pytest
 
-from gridmem import (
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ToolSummary,
-)
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ToolSummary
 from gridmem.embedded import EmbeddedValkey
 
 pytestmark = pytest.mark.real

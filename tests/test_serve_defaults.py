@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ import psutil
 import pytest
 import redis as redis_py
 
-from gridmem import ConversationStore, Settings
+from gridmem import ConversationStore
+from gridmem import Settings
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
 from worker.localllm import LocalChatServer
@@ -141,7 +143,8 @@ def test_serve_with_defaults_in_an_empty_directory_then_ctrl_c_keeps_the_convers
     # And a restart in the same directory has every conversation back
     process, client = _serve(empty)
     try:
-        from gridmem import ConversationConfig, ConversationStore
+        from gridmem import ConversationConfig
+        from gridmem import ConversationStore
 
         store = ConversationStore(client, ConversationConfig())
         for n in range(5):
@@ -391,7 +394,8 @@ def test_the_private_valkey_is_started_again_when_it_dies_with_the_conversations
             lambda: posted[0] in [f["in_reply_to"] for f in _replies(client)],
             "an answer after the restart",
         )
-        from gridmem import ConversationConfig, ConversationStore
+        from gridmem import ConversationConfig
+        from gridmem import ConversationStore
 
         said = [
             m.content
@@ -498,7 +502,8 @@ def test_a_serve_killed_or_hung_up_loses_no_conversation_and_leaves_no_server(
     # Then a new `gridmem serve` in the same directory has every conversation
     process, client = _serve(empty)
     try:
-        from gridmem import ConversationConfig, ConversationStore
+        from gridmem import ConversationConfig
+        from gridmem import ConversationStore
 
         store = ConversationStore(client, ConversationConfig())
         for n in range(3):

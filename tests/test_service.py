@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -11,8 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,11 @@ import psutil
 import pytest
 import redis as redis_py
 
-from gridmem import ConversationConfig, ConversationStore, Limits, TurnView, service_streams
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import TurnView
+from gridmem import service_streams
 from gridmem.embedded import EmbeddedValkey
 from tests.conftest import short_tempdir
 from tests.helpers import avatar
@@ -116,6 +123,7 @@ def _start(
     metrics_port: int | None = None,
     *,
     partitions: int = 1,
+    llm_timeout: float = 0.5,
     **worker: Any,
 ) -> Service:
     worker_settings = {
@@ -128,7 +136,7 @@ def _start(
     lines = [
         f'storage_path = "{base}"',
         "[llm]", f'base_url = "{llm.url}"', f'system_prompt = "{SYSTEM_PROMPT}"',
-        "max_retries = 2", "retry_wait_seconds = 0.05", "timeout_seconds = 0.5",
+        "max_retries = 2", "retry_wait_seconds = 0.05", f"timeout_seconds = {llm_timeout}",
         "[worker]", *(f"{k} = {v!r}".replace("'", '"') for k, v in worker_settings.items()),
         "[conversation]", f"persistence_enabled = {str(persistence).lower()}", "flush_interval_seconds = 1",
         f"partitions = {partitions}",
@@ -218,6 +226,48 @@ def _assert_exactly_once(service: Service, sent: dict[tuple[int, str], list[int]
         said = [int(TAG.findall(t.text)[0][2]) for t in turns if t.kind == "avatar_message"]
         assert said == numbers, (who, ch, said)  # each once, in the order sent
         assert [t.kind for t in turns] == ["avatar_message", "agent_reply"] * len(numbers)
+
+
+def test_512_in_flight_answer_each_message_once_and_never_one_key_twice_at_once(
+    base: Path,
+) -> None:
+    """Issue 16: 2 processes at concurrency 256 against a 1 s endpoint: 512 keys
+    (256 avatars x 2 channels) with a message each, and a second one on 128 of
+    them. Every message is answered once, in order, and no key has two LLM calls
+    in flight at the same time (the endpoint's own record of each request's span)."""
+    with LocalChatServer(delay_seconds=1.0) as llm:
+        # a 10 s lease (the other tests' 2 s is renewed every 0.67 s, which a loaded
+        # 2-core machine running 512 calls can miss: the key then passes to the other
+        # process while this one's call is still out, which is a second call in flight)
+        service = _start(base, llm, concurrency=256, llm_timeout=20, lease_seconds=10)
+        try:
+            # Given: 640 messages, sent as one burst
+            sent: dict[tuple[int, str], list[int]] = {}
+            ids = []
+            for n, keys in ((0, range(512)), (1, range(128))):
+                for key in keys:
+                    who, ch = key // 2, ("public", "im")[key % 2]
+                    ids.append(service.send(who, ch, n))
+                    sent.setdefault((who, ch), []).append(n)
+            # When: the service answers them
+            service.wait_answers(ids, timeout=120)
+            # Then: one reply each, each message stored once, in order
+            assert len(service.replies) == len(ids)
+            _assert_exactly_once(service, sent)
+        finally:
+            _stop(service)
+    # and a call for each message (the service is stopped: every span is in)
+    assert len(llm.spans) >= len(ids)
+    # and the endpoint held many calls at once, but never two of one key
+    assert llm.most_in_flight >= 100, llm.most_in_flight
+    by_key: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for began, ended, body in llm.spans:
+        who, ch, _ = TAG.findall(body["messages"][-1]["content"])[0]
+        by_key.setdefault((who, ch), []).append((began, ended))
+    for key, spans in by_key.items():
+        spans.sort()
+        for (_, first_end), (second_start, _) in itertools.pairwise(spans):
+            assert first_end <= second_start, key
 
 
 def test_sigkill_of_a_worker_mid_batch_loses_and_duplicates_nothing(base: Path) -> None:

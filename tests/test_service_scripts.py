@@ -1,11 +1,12 @@
 """The worker service's stream calls, tested directly: every return shape and error code.
 
-The queue's atomic steps are Lua scripts; ensure_group, read_inbound, dead_letter
-and publish_reply are one plain command each, whose arguments the call's builder
+The queue's atomic steps are Lua scripts; ensure_group, dead_letter and
+publish_reply are one plain command each, whose arguments the call's builder
 checks (as the scripts did) before there is any command to send."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +18,13 @@ import redis as redis_py
 from gridmem.errors import BadScriptArgument
 from gridmem.keys import KeySpace
 from gridmem.records import DeadLetterReason
-from gridmem.scripts import REJECTED_MEMBER, AttemptCount, KeyStep, Scripts, load_scripts
+from gridmem.scripts import REJECTED_MEMBER
+from gridmem.scripts import AttemptCount
+from gridmem.scripts import KeyStep
+from gridmem.scripts import Scripts
+from gridmem.scripts import load_scripts
 from gridmem.store import ConversationStore
+from gridmem.stream_calls import OutboundReply
 from tests.helpers import avatar
 
 pytestmark = pytest.mark.both_doors  # every store test, through both doors
@@ -120,6 +126,15 @@ def _claim(run: Any, owner: str, also: str = "", member: str = MA) -> Any:
 
 
 def _begin(
+    run: Any, owner: str, entry: str, token: str, *, also: str = "", failed: str = ""
+) -> Any:
+    """begin_attempt's count (the entry's fields left out: _begin_fields has them)."""
+    return dataclasses.replace(
+        _begin_fields(run, owner, entry, token, also=also, failed=failed), fields=()
+    )
+
+
+def _begin_fields(
     run: Any, owner: str, entry: str, token: str, *, also: str = "", failed: str = ""
 ) -> Any:
     return run(
@@ -266,38 +281,88 @@ def test_renew_lease(run: Any, redis: redis_py.Redis) -> None:
     assert run(SCRIPTS.renew_lease(SERVICE, member=MA, owner="other", lease_ms=90_000)) is False
 
 
-def test_read_inbound_dead_letter_publish(run: Any, redis: redis_py.Redis) -> None:
-    entry = _add(redis, avatar_uuid=A, channel="im", text="héllo")
-    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry)) == [
+def _take_one(run: Any, redis: redis_py.Redis, **fields: str | bytes) -> str:
+    """File one entry under MA's key and claim the key as w1: the entry's ID."""
+    run(SCRIPTS.ensure_group(SERVICE, group="g"))
+    entry = _add(redis, **fields)
+    run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=10))
+    _claim(run, "w1")
+    return entry
+
+
+def test_begin_attempt_reads_the_entry_as_stored(run: Any, redis: redis_py.Redis) -> None:
+    """Issue 16 (round trips): starting an attempt also reads the entry, every pair as
+    Redis holds it; an entry gone meanwhile reads as no fields."""
+    entry = _take_one(run, redis, avatar_uuid=A, channel="im", text="héllo")
+    assert _begin_fields(run, "w1", entry, "t1").fields == (
         (b"avatar_uuid", A.encode()),
         (b"channel", b"im"),
         (b"text", "héllo".encode()),
-    ]
-    assert run(SCRIPTS.read_inbound(SERVICE, entry_id="1-1")) == []
+    )
+    redis.xdel(SERVICE.inbound, entry)
+    assert _begin_fields(run, "w1", entry, "t2", failed="t1") == AttemptCount("ok", 2, 0, ())
+
+
+def test_dead_letter_publish(run: Any, redis: redis_py.Redis) -> None:
+    entry = _add(redis, avatar_uuid=A, channel="im", text="héllo")
     for _ in range(4):
         run(SCRIPTS.dead_letter(SERVICE, entry_id=entry, reason="oversized", max_entries=3))
     assert redis.xlen(SERVICE.dead) == 3
     [(_, fields)] = redis.xrange(SERVICE.dead, count=1)
     assert fields == {b"id": entry.encode(), b"reason": b"oversized"}
-    run(
-        SCRIPTS.publish_reply(
-            SERVICE,
-            avatar_uuid=A,
-            channel="im",
-            text_="hi",
-            in_reply_to=entry,
-            session_id="ab" * 16,
-            max_entries=100,
-        )
-    )
+    run(SCRIPTS.publish_reply(SERVICE, OutboundReply(A, "im", "hi", entry, SID), max_entries=100))
     [(_, out)] = redis.xrange(SERVICE.outbound)
-    assert out == {
+    assert out == _published(entry)
+
+
+SID = "ab" * 16
+
+
+def _published(entry: str, text: str = "hi") -> dict[bytes, bytes]:
+    """A reply to `entry` as the bridge reads it from the outbound stream."""
+    return {
         b"avatar_uuid": A.encode(),
         b"channel": b"im",
-        b"text": b"hi",
+        b"text": text.encode(),
         b"in_reply_to": entry.encode(),
-        b"session_id": b"ab" * 16,
+        b"session_id": SID.encode(),
     }
+
+
+def test_finish_entry_publishes_the_reply_in_the_same_step(run: Any, redis: redis_py.Redis) -> None:
+    """Issue 16 (round trips): with a reply, finish_entry puts it on the outbound stream
+    and finishes the entry in one step; the call is not resent after a fault (a resend
+    would publish twice), while a finish without a reply may be."""
+    ids = _filed(run, redis, 2)
+    _claim(run, "w1")
+    reply = OutboundReply(A, "im", "héllo", ids[0], SID)
+    finish = SCRIPTS.finish_entry(
+        SERVICE, group="g", entry_id=ids[0], member=MA, owner="w1", lease_ms=10_000,
+        release=False, reply=reply, max_replies=100,
+    )  # fmt: skip
+    assert not finish.idempotent and _finish_call(ids[0]).idempotent
+    assert run(finish) == KeyStep("ok", ids[1], 0, 0, "")
+    [(_, out)] = redis.xrange(SERVICE.outbound)
+    assert out == _published(ids[0], "héllo")
+    assert redis.xlen(SERVICE.inbound) == 1  # the answered entry went in the same step
+    # And a key that passed to another worker meanwhile still gets its reply published
+    redis.set("{gm:inbound}:owner:" + MA, "w2")
+    late = dataclasses.replace(reply, in_reply_to=ids[1], text="late")
+    lost = SCRIPTS.finish_entry(
+        SERVICE, group="g", entry_id=ids[1], member=MA, owner="w1", lease_ms=10_000,
+        release=False, reply=late, max_replies=100,
+    )  # fmt: skip
+    assert run(lost).state == "lost"
+    assert [f[b"text"] for _, f in redis.xrange(SERVICE.outbound)] == [
+        "héllo".encode(),
+        b"late",
+    ]
+
+
+def _finish_call(entry: str) -> Any:
+    return SCRIPTS.finish_entry(
+        SERVICE, group="g", entry_id=entry, member=MA, owner="w1", lease_ms=10_000, release=False
+    )
 
 
 def test_read_backlog_counts_the_entries_not_answered_yet(run: Any, redis: redis_py.Redis) -> None:
@@ -307,31 +372,33 @@ def test_read_backlog_counts_the_entries_not_answered_yet(run: Any, redis: redis
     assert run(SCRIPTS.read_backlog(SERVICE)) == 2
 
 
-def test_read_inbound_returns_undecodable_bytes_as_they_are(
+def test_the_entry_read_returns_undecodable_bytes_as_they_are(
     run: Any, redis: redis_py.Redis
 ) -> None:
     """Regression (issue 12): one invalid UTF-8 byte in any field failed the whole read,
     before the entry could be dead-lettered. The read hands over bytes; the worker decodes."""
-    entry = _add(redis, avatar_uuid=A, channel="im", text="hi", avatar_name=b"\xff\xfeAnn")
-    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry))[-1] == (
-        b"avatar_name",
-        b"\xff\xfeAnn",
+    entry = _take_one(
+        run, redis, avatar_uuid=A, channel="im", text="hi", avatar_name=b"\xff\xfeAnn"
     )
+    assert _begin_fields(run, "w1", entry, "t").fields[-1] == (b"avatar_name", b"\xff\xfeAnn")
 
 
-def test_read_inbound_returns_a_field_named_twice_with_both_values(
+def test_the_entry_read_returns_a_field_named_twice_with_both_values(
     run: Any, redis: redis_py.Redis
 ) -> None:
     """Regression: as a plain XRANGE, redis-py's reply parser kept only the last value of
     a field named twice, so a bad value hidden behind a good one was never checked."""
+    run(SCRIPTS.ensure_group(SERVICE, group="g"))
     entry = redis.execute_command(
         "XADD", SERVICE.inbound, "*", "avatar_uuid", A, "channel", "im",
         "text", b"\xff bad", "text", "fine",
     ).decode()  # fmt: skip
-    assert run(SCRIPTS.read_inbound(SERVICE, entry_id=entry))[2:] == [
+    run(SCRIPTS.take_inbound(SERVICE, group="g", consumer="c", count=10))
+    _claim(run, "w1")
+    assert _begin_fields(run, "w1", entry, "t").fields[2:] == (
         (b"text", b"\xff bad"),
         (b"text", b"fine"),
-    ]
+    )
 
 
 def test_take_files_nothing_for_undecodable_uuid_or_channel(
@@ -407,12 +474,23 @@ def test_bad_arguments(run: Any, redis: redis_py.Redis, call: Any, field: str) -
     assert redis.dbsize() == 0
 
 
-def _reply(**override: Any) -> Any:
+def _reply(max_entries: int = 1, **override: Any) -> Any:
     args = {
-        "avatar_uuid": A, "channel": "im", "text_": "t", "in_reply_to": "1-0",
-        "session_id": "ab" * 16, "max_entries": 1, **override,
+        "avatar_uuid": A, "channel": "im", "text": "t", "in_reply_to": "1-0",
+        "session_id": SID, **override,
     }  # fmt: skip
-    return SCRIPTS.publish_reply(SERVICE, **args)
+    return SCRIPTS.publish_reply(SERVICE, OutboundReply(**args), max_entries=max_entries)
+
+
+def _finish_with(max_replies: int = 1, **override: Any) -> Any:
+    args = {
+        "avatar_uuid": A, "channel": "im", "text": "t", "in_reply_to": "1-0",
+        "session_id": SID, **override,
+    }  # fmt: skip
+    return SCRIPTS.finish_entry(
+        SERVICE, group="g", entry_id="1-0", member=MA, owner="w", lease_ms=1, release=False,
+        reply=OutboundReply(**args), max_replies=max_replies,
+    )  # fmt: skip
 
 
 def _dead(**override: Any) -> Any:
@@ -425,8 +503,6 @@ def _dead(**override: Any) -> Any:
     [
         (lambda: SCRIPTS.ensure_group(SERVICE, group="bad group"), "group"),
         (lambda: SCRIPTS.ensure_group(SERVICE, group=""), "group"),
-        (lambda: SCRIPTS.read_inbound(SERVICE, entry_id="x"), "entry_id"),
-        (lambda: SCRIPTS.read_inbound(SERVICE, entry_id="1-"), "entry_id"),
         (lambda: _dead(reason="because"), "reason"),
         (lambda: _dead(reason="GONE"), "reason"),
         (lambda: _dead(reason="deleted_operator"), "reason"),  # an event's code, not a letter's
@@ -442,6 +518,9 @@ def _dead(**override: Any) -> Any:
         (lambda: _reply(session_id="short"), "session_id"),
         (lambda: _reply(session_id="AB" * 16), "session_id"),
         (lambda: _reply(max_entries=0), "max_entries"),
+        (lambda: _finish_with(avatar_uuid="nope"), "avatar_uuid"),
+        (lambda: _finish_with(in_reply_to="x"), "in_reply_to"),
+        (lambda: _finish_with(max_replies=0), "max_replies"),
     ],
 )
 def test_plain_command_calls_refuse_bad_arguments_before_any_command(

@@ -12,10 +12,17 @@ from typing import Any
 import fakeredis
 import pytest
 
-from gridmem import Channel, ConversationConfig, ConversationStore, Limits, ManualClock
-from gridmem.keys import KeySpace, shard_tags
-from gridmem.records import AgentReply, AvatarMessage
-from gridmem.replies import ReadCall, ScriptCall
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem.keys import KeySpace
+from gridmem.keys import shard_tags
+from gridmem.records import AgentReply
+from gridmem.records import AvatarMessage
+from gridmem.replies import ReadCall
+from gridmem.replies import ScriptCall
 from tests.helpers import avatar
 
 SLOTS = 16384

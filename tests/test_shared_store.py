@@ -17,19 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from gridmem import AvatarMessage, ConversationStore, Settings
+from gridmem import AvatarMessage
+from gridmem import ConversationStore
+from gridmem import Settings
 from gridmem.store import AsyncConversationStore
 from tests.helpers import avatar
-from tests.test_serve_defaults import (
-    DEADLINE,
-    ROOT,
-    _answered,
-    _ctrl_c,
-    _serve,
-    _servers,
-    _until,
-    empty,
-)
+from tests.test_serve_defaults import DEADLINE
+from tests.test_serve_defaults import ROOT
+from tests.test_serve_defaults import _answered
+from tests.test_serve_defaults import _ctrl_c
+from tests.test_serve_defaults import _serve
+from tests.test_serve_defaults import _servers
+from tests.test_serve_defaults import _until
+from tests.test_serve_defaults import empty
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 __all__ = ["empty"]  # the fixture, shared with test_serve_defaults
@@ -218,7 +218,8 @@ def test_a_closed_store_refuses_calls_while_the_server_runs_for_others(empty: Pa
     under it and its next call failed as `ConnectionError: Error 2 connecting to
     .../valkey.sock`. Now a closed store refuses every call, on both doors, before
     a command is sent, like a closed file."""
-    from gridmem.errors import GridmemError, StoreClosed
+    from gridmem.errors import GridmemError
+    from gridmem.errors import StoreClosed
 
     settings = Settings(storage_path=empty / "gridmem-data")
     # Given another user keeping the server up, and a store that was used and closed

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,21 @@ import fakeredis
 import pytest
 
 import gridmem.snapshots as snaps
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ReasonCode,
-    Settings,
-    ToolSummary,
-)
-from gridmem.snapshots import HEADER_SIZE, Header, SnapshotError, parse_header
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ReasonCode
+from gridmem import Settings
+from gridmem import ToolSummary
+from gridmem.snapshots import HEADER_SIZE
+from gridmem.snapshots import Header
+from gridmem.snapshots import SnapshotError
+from gridmem.snapshots import parse_header
 from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
@@ -1042,3 +1044,31 @@ def test_a_file_whose_mode_cannot_be_set_is_reported_not_an_error(
     with pytest.raises(SnapshotError, match=r"cannot make snapshot directory .* private \(0700\)"):
         store.flush()
     assert "cannot make snapshot directory" in (store.restore().error or "")
+
+
+def test_snapshot_line_refuses_an_entry_of_another_session() -> None:
+    """snapshot_line builds records straight from the checked entries (issue 16): an
+    entry stamped with another session's ID (a store damaged from outside) must never
+    be written into this session's line, and a good entry becomes its record."""
+    from gridmem.errors import CorruptRecord
+    from gridmem.replies import ExportedSession
+
+    own, other = "a" * 32, "b" * 32
+
+    def session(entries: list[str], archive: list[list[str]]) -> ExportedSession:
+        return ExportedSession(f"{avatar(1)}:im", own, 1_000, 2_000, "", entries, {}, archive)
+
+    good = f'7|1500|{own}|["t","map","region 1"]'
+    line = json.loads(snaps.snapshot_line(session([good], [])))
+    assert line["records"] == [
+        {
+            "seq": 7,
+            "at_ms": 1500,
+            "record": {"kind": "tool_summary", "tool": "map", "summary": "region 1"},
+        }
+    ]
+    foreign = f'8|1600|{other}|["a","not yours"]'
+    with pytest.raises(CorruptRecord):
+        snaps.snapshot_line(session([good, foreign], []))
+    with pytest.raises(CorruptRecord):  # in an archive segment too
+        snaps.snapshot_line(session([good], [[foreign]]))

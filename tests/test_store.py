@@ -12,23 +12,24 @@ import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gridmem import (
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    CorruptRecord,
-    Limits,
-    ManualClock,
-    Settings,
-    ToolSummary,
-)
-from gridmem.embedded import EmbeddedServerError, SharedValkey, keeper_running
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import CorruptRecord
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import Settings
+from gridmem import ToolSummary
+from gridmem.embedded import EmbeddedServerError
+from gridmem.embedded import SharedValkey
+from gridmem.embedded import keeper_running
 from gridmem.errors import BadScriptArgument
 from gridmem.keys import KeySpace
 from gridmem.prepare import TRUNCATION_MARKER
 from gridmem.scripts import ScriptCall
-from tests.conftest import CommandCounter, short_tempdir
+from tests.conftest import CommandCounter
+from tests.conftest import short_tempdir
 from tests.helpers import avatar
 
 pytestmark = [pytest.mark.both_doors, pytest.mark.cluster]  # both doors; the cluster too
@@ -268,7 +269,8 @@ def _alive(pid: int) -> bool:
 def test_stats_counts_everything_and_nothing_more(
     store: ConversationStore, clock: ManualClock
 ) -> None:
-    from gridmem import Channel, ReasonCode
+    from gridmem import Channel
+    from gridmem import ReasonCode
 
     store.record(A, "public", AvatarMessage(text="password=hunter22 and sk-" + "Zq8x" * 8))
     store.record(A, "im", AvatarMessage(text="hello"))

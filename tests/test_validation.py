@@ -7,19 +7,17 @@ from typing import Any
 
 import pytest
 
-from gridmem import (
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    GridmemError,
-    InputTooLarge,
-    InvalidAvatarId,
-    InvalidChannel,
-    InvalidInput,
-    InvalidRecord,
-    Limits,
-    ManualClock,
-)
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import GridmemError
+from gridmem import InputTooLarge
+from gridmem import InvalidAvatarId
+from gridmem import InvalidChannel
+from gridmem import InvalidInput
+from gridmem import InvalidRecord
+from gridmem import Limits
+from gridmem import ManualClock
 from gridmem.store import AsyncConversationStore
 from tests.conftest import CommandCounter
 from tests.helpers import avatar

@@ -13,19 +13,23 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from gridmem import (
-    ActionResult,
-    AgentReply,
-    AvatarMessage,
-    ConversationConfig,
-    ConversationStore,
-    Limits,
-    ManualClock,
-    ToolSummary,
-)
+from gridmem import ActionResult
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import Limits
+from gridmem import ManualClock
+from gridmem import ToolSummary
 from gridmem.embedded import EmbeddedValkey
-from tests.helpers import avatar, dump_all
-from tests.secret_corpus import FAMILIES, WRAPPERS, Case, instance, leaks_all, tool_instance
+from tests.helpers import avatar
+from tests.helpers import dump_all
+from tests.secret_corpus import FAMILIES
+from tests.secret_corpus import WRAPPERS
+from tests.secret_corpus import Case
+from tests.secret_corpus import instance
+from tests.secret_corpus import leaks_all
+from tests.secret_corpus import tool_instance
 
 pytestmark = pytest.mark.real
 

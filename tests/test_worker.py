@@ -13,9 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import fakeredis
@@ -24,9 +28,11 @@ import pytest
 from gridmem.clock import ManualClock
 from gridmem.config import Settings
 from gridmem.embedded import EmbeddedValkey
-from gridmem.store import AsyncConversationStore, connect_async
+from gridmem.store import AsyncConversationStore
+from gridmem.store import connect_async
 from tests.helpers import avatar
-from worker.llm import FAILURE_NOTICE, Message
+from worker.llm import FAILURE_NOTICE
+from worker.llm import Message
 
 INBOUND, OUTBOUND, DEAD = "gm:inbound", "gm:outbound", "gm:dead"
 ATTEMPTS = "{gm:inbound}:attempts"
@@ -300,9 +306,13 @@ class Faults:
         run_call = self.store.executor.call
 
         async def running_call(call: Any) -> Any:
-            # every command goes through the executor: the reply's XADD to gm:outbound too
+            # every command goes through the executor: the reply's XADD to gm:outbound
+            # too, alone (outbound in another cluster slot) or in publish_and_finish
             commands = getattr(call, "commands", ())
             if any(c[:2] == ("XADD", OUTBOUND) and self.poisoned in c for c in commands):
+                self.fail("publish")
+            script = getattr(call, "script", None)
+            if script and script.name == "publish_and_finish" and self.poisoned in call.args:
                 self.fail("publish")
             return await run_call(call)
 
@@ -670,8 +680,10 @@ def test_a_trickling_or_malformed_llm_answer_gives_the_failure_notice_and_the_ke
     trickles its body is cut off at the call's deadline (one retry, then the notice);
     a 200 that is not a usable completion is the notice at once, never retried; none
     of the body reaches a log or the resident; the key's next message is answered."""
-    from worker.llm import OFFLINE_LABEL, OpenAICompatible
-    from worker.localllm import MARK, LocalChatServer
+    from worker.llm import OFFLINE_LABEL
+    from worker.llm import OpenAICompatible
+    from worker.localllm import MARK
+    from worker.localllm import LocalChatServer
 
     faults: list[int | str] = [
         "trickle", "trickle", "bad-json", "content-list", "no-choices", "content-null", "huge",

@@ -16,19 +16,20 @@ from collections.abc import Callable
 import pytest
 import redis as redis_py
 
-from gridmem import (
-    AgentReply,
-    AvatarMessage,
-    Channel,
-    ConversationConfig,
-    ConversationStore,
-    ManualClock,
-    ReasonCode,
-)
+from gridmem import AgentReply
+from gridmem import AvatarMessage
+from gridmem import Channel
+from gridmem import ConversationConfig
+from gridmem import ConversationStore
+from gridmem import ManualClock
+from gridmem import ReasonCode
 from gridmem.keys import KeySpace
-from gridmem.records import CHANNEL_TTL_MS, Event
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.records import Event
 from gridmem.scripts import WRITE_SWEEP_BATCH
-from tests.helpers import avatar, dump_all, recompute
+from tests.helpers import avatar
+from tests.helpers import dump_all
+from tests.helpers import recompute
 
 PUBLIC_TTL = CHANNEL_TTL_MS[Channel.PUBLIC]
 WRITER = avatar(9_999)

@@ -14,13 +14,15 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import redis
 from pydantic import ValidationError
 
 from gridmem import __version__
-from gridmem.errors import ConfigError, GridmemError
+from gridmem.errors import ConfigError
+from gridmem.errors import GridmemError
 from gridmem.partitions import MAX_PARTITIONS
 
 if TYPE_CHECKING:
@@ -162,7 +164,8 @@ def _serve(config: Path | None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gridmem.config import Settings, unknown_environment
+    from gridmem.config import Settings
+    from gridmem.config import unknown_environment
     from worker.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
@@ -185,7 +188,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _cluster_check(config: Path | None, url: str | None, *, by_shard: bool) -> int:
-    from gridmem.config import RedisSettings, Settings
+    from gridmem.config import RedisSettings
+    from gridmem.config import Settings
     from gridmem.keys import KeySpace
     from worker.cluster_check import run
 

@@ -28,15 +28,22 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
 import redis
 
-from gridmem import InvalidAvatarId, partition_of, service_streams
+from gridmem import InvalidAvatarId
+from gridmem import partition_of
+from gridmem import service_streams
 from gridmem.config import Settings
-from gridmem.records import CHANNEL_TTL_MS, Channel, Event, ReasonCode
+from gridmem.records import CHANNEL_TTL_MS
+from gridmem.records import Channel
+from gridmem.records import Event
+from gridmem.records import ReasonCode
 from gridmem.store import ConversationStore
 from worker.localllm import LocalChatServer
 from worker.progress import step

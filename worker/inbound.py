@@ -12,7 +12,8 @@ from typing import Any
 from gridmem.errors import InvalidInput
 from gridmem.keys import INBOUND_FIELDS
 from gridmem.records import DeadLetterReason
-from gridmem.validate import canonical_uuid, parse_channel
+from gridmem.validate import canonical_uuid
+from gridmem.validate import parse_channel
 from worker.llm import has_visible_text
 
 

@@ -19,15 +19,24 @@ import asyncio
 import json
 import os
 import re
+import socket
 import unicodedata
-from typing import Any, Protocol
+from typing import Any
+from typing import NamedTuple
+from typing import Protocol
 
 import httpx
 import tenacity
 
+from gridmem.budget import TokenCounter
+from gridmem.budget import utf8_bytes
 from gridmem.config import LlmSettings
-from gridmem.context import ACTION_RESULT_HEAD, SUMMARY_HEADER, TOOL_RESULT_HEAD
+from gridmem.context import ACTION_RESULT_HEAD
+from gridmem.context import SUMMARY_HEADER
+from gridmem.context import TOOL_RESULT_HEAD
+from gridmem.errors import ConfigError
 from gridmem.redaction import Redactor
+from gridmem.tokens import token_counter
 
 FAILURE_NOTICE = (
     "(Sorry, I can't answer right now: my language model is not responding. "
@@ -139,7 +148,13 @@ class OpenAICompatible:
 
     name = "openai-compatible"
 
-    def __init__(self, settings: LlmSettings, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        settings: LlmSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        connections: int = 100,
+    ):
         if settings.base_url is None:
             raise ValueError("llm.base_url is not set")
         headers = {}
@@ -148,12 +163,19 @@ class OpenAICompatible:
             headers["Authorization"] = f"Bearer {key}"
         self.model = settings.model
         self._deadline = settings.timeout_seconds
-        self._http = httpx.AsyncClient(
-            base_url=settings.base_url.rstrip("/"),
-            timeout=settings.timeout_seconds,
-            headers=headers,
-            transport=transport,
-        )
+        # Pools of at most POOL_SIZE connections, a call going to the least busy one
+        # (pooled_transport says why); a given transport (a test's) is one pool.
+        pools = 1 if transport else -(-connections // POOL_SIZE)
+        self._pools = [
+            httpx.AsyncClient(
+                base_url=settings.base_url.rstrip("/"),
+                timeout=settings.timeout_seconds,
+                headers=headers,
+                transport=transport or pooled_transport(-(-connections // pools)),
+            )
+            for _ in range(pools)
+        ]
+        self._busy = [0] * pools
         self._retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
             stop=tenacity.stop_after_attempt(settings.max_retries + 1),
@@ -183,8 +205,16 @@ class OpenAICompatible:
 
     async def _exchange(self, messages: list[Message]) -> tuple[int, bytes]:
         """POST and read the body, at most MAX_BODY_BYTES of it."""
+        pool = self._busy.index(min(self._busy))
+        self._busy[pool] += 1
+        try:
+            return await self._post(self._pools[pool], messages)
+        finally:
+            self._busy[pool] -= 1
+
+    async def _post(self, http: httpx.AsyncClient, messages: list[Message]) -> tuple[int, bytes]:
         request = {"model": self.model, "messages": messages}
-        async with self._http.stream("POST", "/chat/completions", json=request) as response:
+        async with http.stream("POST", "/chat/completions", json=request) as response:
             if response.status_code != 200:
                 return response.status_code, b""  # the body of an error is never read
             declared = response.headers.get("content-length", "")
@@ -199,7 +229,30 @@ class OpenAICompatible:
         return 200, b"".join(chunks)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for http in self._pools:
+            await http.aclose()
+
+
+# httpcore's pool looks at each of its connections (a poll() system call each) for
+# every request it places, so one pool of C connections costs O(C) per request:
+# at 1,024 in flight that alone was the bound (cProfile: 60% of the client's time in
+# connection_pool._assign_requests_to_connections). Pools of this size keep it small.
+POOL_SIZE = 32
+
+
+def pooled_transport(connections: int) -> httpx.AsyncHTTPTransport:
+    """HTTP/1.1 keep-alive, `connections` connections, no Nagle delay.
+
+    All the pools together hold one connection per conversation in flight
+    (`worker.concurrency`): httpx's default single pool of 100 made calls 101 and
+    on wait for a connection. TCP_NODELAY: httpx
+    writes a request's headers and body in two sends, and Nagle's algorithm held the
+    body until the server's delayed ACK of the headers, 7-11 ms a request on a
+    kept-alive connection here against under 0.2 ms (issue 16).
+    """
+    pool = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    return httpx.AsyncHTTPTransport(limits=pool, socket_options=nodelay)
 
 
 def _content(body: bytes) -> str:
@@ -268,7 +321,45 @@ def offline_reply(messages: list[Message]) -> str:
     )
 
 
-def build_chat_client(settings: LlmSettings) -> ChatClient:
+# Chat formats add a few tokens per message around its content (OpenAI: 3, and 1
+# more for a `name`); 3 more prime the reply. Counted generously.
+MESSAGE_OVERHEAD_TOKENS = 4
+REPLY_PRIMING_TOKENS = 3
+
+
+class ContextBudget(NamedTuple):
+    """What the service passes to store.context: the tokens left for the conversation
+    (None: no budget) and the counter, message overhead included."""
+
+    max_tokens: int | None
+    count_tokens: TokenCounter
+
+
+def context_budget(settings: LlmSettings) -> ContextBudget:
+    """The conversation's share of `llm.context_tokens`: the window less the system
+    prompt, the reply budget, the reply priming and the resident's name (with_name,
+    at most NAME_MAX_CHARS); every message counted with its overhead. A window too
+    small for any conversation is a startup error, not an empty context."""
+    base = utf8_bytes if settings.tokenizer == "bytes" else token_counter(settings.tokenizer)
+
+    def count(text: str) -> int:
+        return base(text) + MESSAGE_OVERHEAD_TOKENS
+
+    if settings.context_tokens is None:
+        return ContextBudget(None, count)
+    fixed = count(settings.system_prompt) + settings.reply_tokens + REPLY_PRIMING_TOKENS
+    left = settings.context_tokens - fixed - NAME_MAX_CHARS
+    if left <= MESSAGE_OVERHEAD_TOKENS:
+        raise ConfigError(
+            f"llm.context_tokens: {settings.context_tokens} leaves no room for the "
+            f"conversation after the system prompt and llm.reply_tokens ({fixed} tokens)"
+        )
+    return ContextBudget(left, count)
+
+
+def build_chat_client(settings: LlmSettings, connections: int = 100) -> ChatClient:
+    """The endpoint's client, its pool sized to `connections` calls at once (the
+    worker's concurrency), or the offline responder."""
     if settings.base_url is None:
         return OfflineResponder()
-    return OpenAICompatible(settings)
+    return OpenAICompatible(settings, connections=connections)

@@ -13,14 +13,26 @@ workers sent. Faults, one per request in order:
 - "bad-json", "no-choices", "content-list", "content-null": a 200 whose body is
   not a chat completion one can use;
 - "huge": a 200 body of HUGE_BODY_BYTES, no Content-Length (read until close).
+
+It is an asyncio server on its own thread and event loop (HTTP/1.1 keep-alive, a
+listen backlog of BACKLOG), so a delay is a timer, not a thread: it serves
+thousands of requests in flight at once with the same latency, and a benchmark
+that measures the service against it measures the service (issue 16: the old
+thread-per-request HTTP/1.0 server with a backlog of 5 failed from 32 clients on).
+
+    python -m worker.localllm --delay 2 [--port 0]
+
+runs one on its own (it prints its URL), e.g. for a benchmark's yardstick.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from worker.llm import offline_reply
@@ -39,6 +51,14 @@ MALFORMED: dict[str, bytes] = {
     ).encode(),
     "content-null": json.dumps({"choices": [{"message": {"content": None, "x": MARK}}]}).encode(),
 }
+# Connections the kernel queues before accept: more than any benchmark's client opens.
+BACKLOG = 4096
+MAX_REQUEST_BYTES = 16 << 20
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
+
+
+class _Close(Exception):
+    """The connection ends after this answer (a body without a length, a client gone)."""
 
 
 class LocalChatServer:
@@ -49,29 +69,44 @@ class LocalChatServer:
         faults: list[Fault] | None = None,
         stall_seconds: float = 5.0,
         trickle_seconds: float = 0.05,
+        port: int = 0,
     ) -> None:
         self.delay_seconds = delay_seconds
         self.stall_seconds = stall_seconds
         self.trickle_seconds = trickle_seconds
         self.requests: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0  # the most requests held at once (a test or bench reads it)
+        # (start, end) in time.monotonic() seconds and the body of each answered request
+        self.spans: list[tuple[float, float, dict[str, Any]]] = []
         self._faults = list(faults or [])
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._port = port
+        self._address: tuple[str, int] | None = None
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="localllm")
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
+        if self._address is None:
+            raise RuntimeError("the server is not started")
+        host, port = self._address
+        return f"http://{host}:{port}/v1"
 
     def start(self) -> LocalChatServer:
         self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
 
     def __enter__(self) -> LocalChatServer:
         return self.start()
@@ -79,79 +114,165 @@ class LocalChatServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(
+                    self._connection,
+                    "127.0.0.1",
+                    self._port,
+                    backlog=BACKLOG,
+                    limit=MAX_REQUEST_BYTES,
+                )
+            )
+            self._address = self._server.sockets[0].getsockname()[:2]
+        except BaseException as exc:  # handed to start()'s caller
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._server.close()
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
+
     def _next_fault(self, body: dict[str, Any]) -> Fault | None:
         with self._lock:
             self.requests.append(body)
             return self._faults.pop(0) if self._faults else None
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        return type("Handler", (_Handler,), {"owner": self})
-
-
-class _Handler(BaseHTTPRequestHandler):
-    owner: LocalChatServer
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", "0"))
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One client connection: requests one after another (keep-alive) until it closes."""
         try:
-            body = json.loads(self.rfile.read(length))
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path, headers = _parse_head(head)
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                await self._answer(method, path, body, writer)
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, _Close):
+            pass  # the client went away, or this answer ends the connection
         except ValueError:
-            self._send(400, {"error": "bad json"})
+            with contextlib.suppress(ConnectionError):
+                await _send(writer, 400, {"error": "bad request"})
+        except asyncio.CancelledError:
+            return  # stop(): the loop ends; a cancelled handler would only log noise
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _answer(
+        self, method: str, path: str, raw: bytes, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            await _send(writer, 400, {"error": "bad json"})
             return
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            self._send(404, {"error": "not found"})
+        if method != "POST" or path.rstrip("/") != "/v1/chat/completions":
+            await _send(writer, 404, {"error": "not found"})
             return
-        fault = self.owner._next_fault(body)
+        fault = self._next_fault(body)
+        self.in_flight += 1  # only the loop's thread changes it
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        began = time.monotonic()
+        try:
+            await self._respond(fault, body, writer)
+        finally:
+            self.in_flight -= 1
+            self.spans.append((began, time.monotonic(), body))
+
+    async def _respond(self, fault: Fault | None, body: Any, writer: asyncio.StreamWriter) -> None:
         if fault is None:
-            if self.owner.delay_seconds:
-                time.sleep(self.owner.delay_seconds)  # a model's thinking time
-            reply = offline_reply(body.get("messages", []))
-            self._send(200, {"choices": [{"message": {"role": "assistant", "content": reply}}]})
+            if self.delay_seconds:
+                await asyncio.sleep(self.delay_seconds)  # a model's thinking time
+            reply = offline_reply(body.get("messages", []) if isinstance(body, dict) else [])
+            message = {"role": "assistant", "content": reply}
+            await _send(writer, 200, {"choices": [{"message": message}]})
         elif isinstance(fault, int):
-            self._send(fault, {"error": "scripted fault"})
+            await _send(writer, fault, {"error": "scripted fault"})
         elif fault == "stall":
-            time.sleep(self.owner.stall_seconds)  # the client's timeout fires first
+            await asyncio.sleep(self.stall_seconds)  # the client's timeout fires first
+            raise _Close
         elif fault in MALFORMED:
-            self._send_raw(200, MALFORMED[fault])
+            await _send_raw(writer, 200, MALFORMED[fault])
         else:
-            self._misbehave(fault)
+            await self._misbehave(fault, writer)
 
-    def _misbehave(self, fault: str) -> None:
+    async def _misbehave(self, fault: str, writer: asyncio.StreamWriter) -> None:
         """headers-stall, trickle, huge: a 200 whose body does not come, or never ends."""
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            if fault != "huge":
-                self.send_header("Content-Length", str(TRICKLE_BODY_BYTES))
-            self.end_headers()
-            self.wfile.flush()
-            if fault == "headers-stall":
-                time.sleep(self.owner.stall_seconds)
-            elif fault == "trickle":
-                for _ in range(TRICKLE_BODY_BYTES):  # until the client hangs up
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-                    time.sleep(self.owner.trickle_seconds)
-            else:
-                block = b" " * (1 << 16)
-                for _ in range(HUGE_BODY_BYTES // len(block)):
-                    self.wfile.write(block)
-                self.wfile.write(b"{}")
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up: as it should
+        length = "" if fault == "huge" else f"Content-Length: {TRICKLE_BODY_BYTES}\r\n"
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{length}\r\n".encode())
+        await writer.drain()
+        if fault == "headers-stall":
+            await asyncio.sleep(self.stall_seconds)
+        elif fault == "trickle":
+            for _ in range(TRICKLE_BODY_BYTES):  # until the client hangs up
+                if writer.is_closing():
+                    break
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(self.trickle_seconds)
+        else:
+            block = b" " * (1 << 16)
+            for _ in range(HUGE_BODY_BYTES // len(block)):
+                writer.write(block)
+                await writer.drain()
+            writer.write(b"{}")
+            await writer.drain()
+        raise _Close  # no length given (or a body cut short): the close ends it
 
-    def _send(self, status: int, data: dict[str, Any]) -> None:
-        self._send_raw(status, json.dumps(data).encode())
 
-    def _send_raw(self, status: int, payload: bytes) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (timeout): nothing to answer
+def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """Method, path and lower-cased headers of a request head; ValueError if malformed."""
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _version = lines[0].split(" ", 2)
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if not headers.get("content-length", "0").isdigit():
+        raise ValueError("bad Content-Length")
+    return method, path, headers
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # quiet: request lines would only be noise
+
+async def _send(writer: asyncio.StreamWriter, status: int, data: dict[str, Any]) -> None:
+    await _send_raw(writer, status, json.dumps(data).encode())
+
+
+async def _send_raw(writer: asyncio.StreamWriter, status: int, payload: bytes) -> None:
+    reason = _REASONS.get(status, "Error")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+    await writer.drain()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A local OpenAI-compatible endpoint.")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per answer")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    args = parser.parse_args(argv)
+    server = LocalChatServer(delay_seconds=args.delay, port=args.port).start()
+    print(server.url, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

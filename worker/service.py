@@ -6,7 +6,10 @@ in the same atomic step (take_inbound.lua); a worker then takes a lease on a key
 (claim_key.lua) and answers that key's entries one after another, oldest first,
 while other keys are answered concurrently (up to `worker.concurrency` LLM calls
 in flight). So one key's messages are never processed at the same time anywhere
-and are answered in arrival order, however many processes or hosts run.
+and are answered in arrival order, however many processes or hosts run, as long as
+each worker renews its lease in time: a worker stalled past `worker.lease_seconds`
+loses the key, and its call still out may overlap the next owner's (the store
+stays exactly-once either way).
 
 Per entry: record the avatar's words (idempotency key = entry ID), build the
 context, ask the LLM with the configured system prompt, record the visible reply
@@ -56,27 +59,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridmem.clock import Clock, make_clock
-from gridmem.config import Settings, WorkerSettings
-from gridmem.errors import InputTooLarge, InvalidInput, NoConsumerGroup
-from gridmem.executor import RETRYABLE, Unblocked
-from gridmem.keys import KeySpace, ServiceKeys
+from gridmem.clock import Clock
+from gridmem.clock import make_clock
+from gridmem.config import Settings
+from gridmem.config import WorkerSettings
+from gridmem.errors import InputTooLarge
+from gridmem.errors import InvalidInput
+from gridmem.errors import NoConsumerGroup
+from gridmem.executor import RETRYABLE
+from gridmem.executor import Unblocked
+from gridmem.executor import slot_of
+from gridmem.keys import KeySpace
+from gridmem.keys import ServiceKeys
 from gridmem.partitions import partition_of
-from gridmem.records import AgentReply, AvatarMessage, DeadLetterReason, Receipt
+from gridmem.records import AgentReply
+from gridmem.records import AvatarMessage
+from gridmem.records import DeadLetterReason
+from gridmem.records import Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
-from gridmem.scripts import AttemptCount, KeyStep
-from gridmem.store import OFFLOAD_TEXT_CHARS, AsyncConversationStore, async_client_for
+from gridmem.scripts import AttemptCount
+from gridmem.scripts import KeyStep
+from gridmem.store import OFFLOAD_TEXT_CHARS
+from gridmem.store import AsyncConversationStore
+from gridmem.store import async_client_for
+from gridmem.stream_calls import OutboundReply
 from worker import metrics
-from worker.inbound import Rejected, check_inbound, decode_inbound, entry_ids, stream_order
-from worker.llm import (
-    FAILURE_NOTICE,
-    ChatClient,
-    LlmUnavailable,
-    build_chat_client,
-    clean_reply,
-    display_name,
-    with_name,
-)
+from worker.inbound import Rejected
+from worker.inbound import check_inbound
+from worker.inbound import decode_inbound
+from worker.inbound import entry_ids
+from worker.inbound import stream_order
+from worker.llm import FAILURE_NOTICE
+from worker.llm import ChatClient
+from worker.llm import LlmUnavailable
+from worker.llm import build_chat_client
+from worker.llm import clean_reply
+from worker.llm import context_budget
+from worker.llm import display_name
+from worker.llm import with_name
 
 log = logging.getLogger("gridmem.worker")
 
@@ -97,11 +117,24 @@ class Key:
     member: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What answering an entry gave: the reply to publish (None: the recorded reply is
+    no longer in the transcript, nothing to publish) and the outcome counted once it is
+    out (the MESSAGES label: answered | failure_notice | republished)."""
+
+    reply: OutboundReply | None
+    outcome: str
+
+
 @dataclass
 class _Hand:
-    """The token of the attempt a worker has in hand at an entry ('' if none)."""
+    """The token of the attempt a worker has in hand at an entry ('' if none), and the
+    key's next step once an attempt answered the entry and finished it (None: the
+    entry is still to be finished, without a reply: it was dead-lettered)."""
 
     token: str
+    finished: KeyStep | None = None
 
 
 class Gate:
@@ -191,10 +224,18 @@ class Worker:
         self.store = store
         self.chat = chat
         self.settings = settings
+        self.budget = context_budget(settings.llm)  # [llm] context_tokens, reply_tokens
         self.name = name or worker_name()
         conversation = settings.conversation
         space = KeySpace(conversation.namespace, conversation.shards, conversation.partitions)
         self.partitions = space.services()
+        # Where the outbound stream shares the inbound stream's slot (every partitioned
+        # layout; any layout on one server), finish_entry publishes the reply itself.
+        self._publish_in_finish = {
+            keys.partition: store.executor.cluster is None
+            or slot_of(keys.outbound) == slot_of(keys.inbound)
+            for keys in self.partitions
+        }
         self.scripts = store.scripts
         self.lease_ms = int(settings.worker.lease_seconds * 1000)
         self.max_attempts = settings.worker.max_attempts
@@ -375,7 +416,7 @@ class Worker:
                 await self._dead_letter(entry_id, DeadLetterReason.POISON, key=key)
             elif not await self._settle(key, step, hand):
                 return KeyStep("lost"), ""
-            return await self._finish(entry_id, key), ""
+            return hand.finished or await self._finish(entry_id, key, None), ""
         except RETRYABLE:
             log.warning("redis unreachable during entry %s; resuming it when it answers", entry_id)
             return await self._resume(key, hand.token), hand.token
@@ -404,7 +445,7 @@ class Worker:
                     suspect, failed = True, ""
                     continue
                 else:
-                    answered = await self._attempt(key, entry_id, count.attempts)
+                    answered = await self._attempt(key, entry_id, count, hand)
             if answered:
                 return True
             if count.attempts >= self.max_attempts:
@@ -412,10 +453,19 @@ class Worker:
                 return True
             failed, hand.token = token, ""
 
-    async def _attempt(self, key: Key, entry_id: str, attempt: int) -> bool:
-        """Answer one entry. False if that failed (connection faults propagate)."""
+    async def _attempt(self, key: Key, entry_id: str, count: AttemptCount, hand: _Hand) -> bool:
+        """Answer one entry, and finish it with its reply published (the key's next step
+        left in `hand`). False if that failed: publishing is part of the attempt, so a
+        reply that cannot be published counts as a failed attempt (connection faults
+        propagate)."""
         try:
-            await self._answer_entry(key, entry_id)
+            answer = await self._answer_entry(key, entry_id, count.fields)
+            if answer is not None:
+                if answer.reply is not None:
+                    hand.finished = await self._finish(entry_id, key, answer.reply)
+                # counted once the reply is out: a failed publish is no answer
+                self.stats["republished" if answer.outcome == "republished" else "answered"] += 1
+                metrics.MESSAGES.labels(answer.outcome).inc()
         except RETRYABLE:
             raise
         except Exception as exc:
@@ -424,7 +474,7 @@ class Worker:
             log.warning(
                 "entry %s: attempt %d of %d failed: %s",
                 entry_id,
-                attempt,
+                count.attempts,
                 self.max_attempts,
                 describe(exc),
             )
@@ -482,7 +532,12 @@ class Worker:
                     )
                 )
 
-    async def _finish(self, entry_id: str, key: Key) -> KeyStep:
+    async def _finish(self, entry_id: str, key: Key, reply: OutboundReply | None) -> KeyStep:
+        """Publish the entry's reply (if any), then acknowledge and delete the entry: one
+        step where the outbound stream shares the inbound stream's slot, else two."""
+        if reply is not None and not self._publish_in_finish[key.keys.partition]:
+            await self._publish(key, reply)
+            reply = None
         step: KeyStep = await self.store.executor.call(
             self.scripts.finish_entry(
                 key.keys,
@@ -492,6 +547,8 @@ class Worker:
                 owner=self.name,
                 lease_ms=self.lease_ms,
                 release=self._stopping.is_set(),
+                reply=reply,
+                max_replies=OUTBOUND_MAX_ENTRIES,
             )
         )
         return step
@@ -523,8 +580,11 @@ class Worker:
 
     # -- one entry ---------------------------------------------------------------------------
 
-    async def _answer_entry(self, key: Key, entry_id: str) -> None:
-        raw = await self.store.executor.call(self.scripts.read_inbound(key.keys, entry_id=entry_id))
+    async def _answer_entry(
+        self, key: Key, entry_id: str, raw: tuple[tuple[bytes, bytes], ...]
+    ) -> _Answer | None:
+        """Answer one entry, its fields as begin_attempt read them (undecoded): the reply
+        to publish, or None (the entry was dead-lettered)."""
         limits = self.settings.conversation.limits
         try:
             fields = decode_inbound(raw, limits.max_input_bytes)
@@ -535,24 +595,25 @@ class Worker:
             recorded = await self.store.record(uuid, channel, AvatarMessage(text=text), entry_id)
         except Rejected as bad:
             await self._reject(entry_id, bad.reason, key=key)
-            return
+            return None
         except InputTooLarge:
             await self._reject(entry_id, DeadLetterReason.OVERSIZED, key=key)
-            return
+            return None
         except InvalidInput:
             await self._reject(entry_id, DeadLetterReason.BAD_TEXT, key=key)
-            return
+            return None
         reply_key = f"{entry_id}:reply"
-        if recorded.duplicate and await self._republish(key, uuid, channel, entry_id, reply_key):
-            return
-        if not recorded.duplicate:
+        if recorded.duplicate:
+            found, again = await self._republish(uuid, channel, entry_id, reply_key)
+            if found:
+                return _Answer(again, "republished")
+        else:
             metrics.RECORDS.labels("avatar_message").inc()
         reply = await self._ask(uuid, channel, await _display_name(fields.get("avatar_name")))
         answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
         text_ = await self.store.stored_text(reply)
-        await self._publish(key, (uuid, channel, text_), entry_id, answered.session_id)
-        self.stats["answered"] += 1
-        metrics.MESSAGES.labels("failure_notice" if reply == FAILURE_NOTICE else "answered").inc()
+        outcome = "failure_notice" if reply == FAILURE_NOTICE else "answered"
+        return _Answer(OutboundReply(uuid, channel, text_, entry_id, answered.session_id), outcome)
 
     async def _record_reply(
         self, uuid: str, channel: str, reply: str, reply_key: str
@@ -582,7 +643,7 @@ class Worker:
         """The model's answer to the key's context, `name` (the resident's display
         name, redacted and sanitised) on their newest message."""
         with metrics.CONTEXT_SECONDS.time():
-            context = await self.store.context(uuid, channel)
+            context = await self.store.context(uuid, channel, *self.budget)
         messages = [{"role": "system", "content": self.settings.llm.system_prompt}]
         messages = with_name(messages + [m.to_openai() for m in context], name)
         try:
@@ -595,36 +656,24 @@ class Worker:
             return FAILURE_NOTICE
 
     async def _republish(
-        self, key: Key, uuid: str, channel: str, entry_id: str, reply_key: str
-    ) -> bool:
-        """A redelivered entry whose reply was recorded: publish that reply again, once more."""
+        self, uuid: str, channel: str, entry_id: str, reply_key: str
+    ) -> tuple[bool, OutboundReply | None]:
+        """A redelivered entry whose reply was recorded: that reply, to publish once more.
+        (False, None) if only the words were recorded (answer now); (True, None) if the
+        recorded reply is no longer in the transcript (nothing to publish)."""
         receipt = await self.store.receipt(uuid, channel, reply_key)
         if receipt is None:
-            return False  # recorded the words, not the reply: answer now
+            return False, None
         page = await self.store.read_page(uuid, channel, receipt.seq - 1, "forward", 1)
         if page.turns and page.turns[0].seq == receipt.seq:
-            reply = (uuid, channel, page.turns[0].text)
-            await self._publish(key, reply, entry_id, receipt.session_id)
-        self.stats["republished"] += 1
-        metrics.MESSAGES.labels("republished").inc()
-        return True
+            text_ = page.turns[0].text
+            return True, OutboundReply(uuid, channel, text_, entry_id, receipt.session_id)
+        return True, None
 
-    async def _publish(
-        self, key: Key, reply: tuple[str, str, str], entry_id: str, session_id: str
-    ) -> None:
-        """A reply (avatar UUID, channel, text) on the outbound stream of the entry's
-        partition (the avatar's)."""
-        uuid, channel, text = reply
+    async def _publish(self, key: Key, reply: OutboundReply) -> None:
+        """A reply on the outbound stream of the entry's partition (the avatar's)."""
         await self.store.executor.call(
-            self.scripts.publish_reply(
-                key.keys,
-                avatar_uuid=uuid,
-                channel=channel,
-                text_=text,
-                in_reply_to=entry_id,
-                session_id=session_id,
-                max_entries=OUTBOUND_MAX_ENTRIES,
-            )
+            self.scripts.publish_reply(key.keys, reply, max_entries=OUTBOUND_MAX_ENTRIES)
         )
 
 
@@ -652,14 +701,27 @@ def run_worker_process(settings_data: dict[str, Any], url: str) -> None:
     asyncio.run(_serve(settings, url))
 
 
+def redis_connections(settings: Settings) -> int:
+    """The worker's Redis pool: one connection per partition reader (a blocking
+    read holds its connection), and for the entries a quarter of the concurrency:
+    a call holds its connection until the event loop gets back to it, which under
+    CPU load is long (C / 16 made callers wait past the pool's 20 s at C = 1,024 in
+    bench/service.py), while the server's listen backlog (511) caps a connect burst
+    (issue 16)."""
+    return settings.conversation.partitions + 16 + settings.worker.concurrency // 4
+
+
 async def _serve(settings: Settings, url: str) -> None:
     store = AsyncConversationStore(
-        async_client_for(settings.redis, url),
+        async_client_for(settings.redis, url, max_connections=redis_connections(settings)),
         settings.conversation,
         clock=settings_clock(settings.worker),
         durability=settings.redis.durability,
     )
-    chat = build_chat_client(settings.llm)
+    # Twice the calls in flight: with exactly `concurrency` connections, calls waited
+    # for one (test_llm_requests_hold_only_their_own_key saw deadlines and retries;
+    # a call cut off by its deadline holds its connection until it is closed).
+    chat = build_chat_client(settings.llm, connections=2 * settings.worker.concurrency)
     worker = Worker(store, chat, settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # HUP: the terminal closed

@@ -22,18 +22,24 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gridmem.config import Settings, endpoints
+from gridmem.config import Settings
+from gridmem.config import endpoints
 from gridmem.embedded import SharedValkey
 from gridmem.errors import GridmemError
 from gridmem.keys import KeySpace
-from gridmem.store import ConversationStore, log_backlog_restored, open_store
-from worker.service import GROUP, run_worker_process, settings_clock
+from gridmem.store import ConversationStore
+from gridmem.store import log_backlog_restored
+from gridmem.store import open_store
+from worker.service import GROUP
+from worker.service import run_worker_process
+from worker.service import settings_clock
 
 log = logging.getLogger("gridmem.supervisor")
 
