@@ -12,6 +12,11 @@ over `redis.asyncio`, with the same ways to send:
   the read's read-only script fallback runs instead, or else its reads one by one.
 - `call(CommandCall)`: a plain command (several: in one MULTI/EXEC), retried on a
   connection fault only if the call is idempotent (an XADD is not).
+- `call(WriteThenRead)`: MULTI, the script's FCALL, the reads, EXEC, in one
+  write on one connection (of the slot's primary); both parsed, as a pair. The
+  library is loaded where it is missing and the whole resent; a connection fault
+  is retried only if the write is idempotent; a full server (OOM) refuses it
+  whole (OutOfMemoryError), as it refuses the write alone.
 - `transaction(commands)`: EXEC's replies, without parsing (tests compare them).
 - `command(*args)`: one plain command, sent once (the service's blocking XREAD,
   the HSET of a rejected entry's reason); a blocking read that a failover ended
@@ -54,6 +59,7 @@ from collections.abc import Awaitable
 from collections.abc import Callable
 from typing import Any
 from typing import TypeVar
+from typing import overload
 
 import hiredis
 import redis
@@ -76,8 +82,10 @@ from gridmem.errors import script_error_from_reply
 from gridmem.replies import CommandCall
 from gridmem.replies import ReadCall
 from gridmem.replies import ScriptCall
+from gridmem.replies import WriteThenRead
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 Commands = tuple[tuple[Any, ...], ...]
 
@@ -231,6 +239,42 @@ def _raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def chain_commands(call: WriteThenRead[Any, Any], wait_ms: int | None) -> list[tuple[Any, ...]]:
+    """A WriteThenRead as sent: MULTI, the FCALL, the reads, EXEC, and with
+    `durability = "replica"` (a `wait_ms`) WAIT 1 behind it on the same connection."""
+    sent = [("MULTI",), fcall_command(call.write), *call.read.commands, ("EXEC",)]
+    return sent if wait_ms is None else [*sent, ("WAIT", 1, wait_ms)]
+
+
+def chain_missing_function(call: WriteThenRead[Any, Any], replies: list[Any]) -> bool:
+    """Whether the server lacked the write's function (when queued, or when run)."""
+    queued, done = replies[1], replies[len(call.read.commands) + 2]
+    if isinstance(done, list):
+        queued = done[0]
+    return isinstance(queued, redis.ResponseError) and is_function_missing(queued)
+
+
+def chain_replies(call: WriteThenRead[Any, Any], replies: list[Any]) -> tuple[Any, list[Any]]:
+    """The write's raw reply and the reads' raw replies among `chain_commands`'
+    replies. A command refused when queued aborts the whole (EXECABORT): that
+    refusal is raised (OOM, MOVED, ...); a script error is raised as its class;
+    with WAIT, no replica in time is DurabilityTimeout."""
+    done_at = len(call.read.commands) + 2
+    done = replies[done_at]
+    if not isinstance(done, list):  # EXECABORT, or EXEC's own error
+        for reply in [*replies[1:done_at], done]:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        raise redis.ResponseError(f"unexpected EXEC reply {done!r}")
+    if isinstance(done[0], redis.ResponseError):
+        raise translate(done[0]) from None
+    if len(replies) > done_at + 1:
+        waited = replies[done_at + 1]
+        if isinstance(waited, redis.ResponseError) or int(waited) < 1:
+            raise DurabilityTimeout("no replica confirmed the write in time (WAIT 1)")
+    return done[0], _raise_errors(done[1:])
+
+
 class Executor:
     """Sends commands over a blocking redis-py client, plain or cluster (built with
     redis-py's retries off: connect, connect_cluster)."""
@@ -245,13 +289,19 @@ class Executor:
         self.closed = False
         self._retrying = tenacity.Retrying(**retry_policy())
 
-    def call(self, call: Call[T]) -> T:
-        """Run one script call, MULTI/EXEC read or command call, and parse its reply."""
+    @overload
+    def call(self, call: WriteThenRead[T, U]) -> tuple[T, U]: ...
+    @overload
+    def call(self, call: Call[T]) -> T: ...
+    def call(self, call: Any) -> Any:
+        """Run one script call, MULTI/EXEC read, command call or write-then-read, and
+        parse its reply."""
         if self.closed:
             raise StoreClosed
         if isinstance(call, ReadCall):
-            read: T = self._read(call)
-            return read
+            return self._read(call)
+        if isinstance(call, WriteThenRead):
+            return self._write_then_read(call)
         send: Callable[[Any], Any] = self._fcall if isinstance(call, ScriptCall) else self._commands
         if self.durable and writes(call):
             send = self._durable
@@ -307,6 +357,29 @@ class Executor:
             else:
                 replies = [self._send(*command) for command in call.commands]
         return call.parse(replies)
+
+    def _write_then_read(self, call: WriteThenRead[Any, Any]) -> tuple[Any, Any]:
+        commands = chain_commands(call, self.wait_ms if self.durable else None)
+
+        def on(client: Any) -> tuple[Any, list[Any]]:
+            replies = self._pipelined(client, commands)
+            if chain_missing_function(call, replies):
+                self._load(call.write, client.execute_command)
+                replies = self._pipelined(client, commands)
+            return chain_replies(call, replies)
+
+        def run() -> tuple[Any, list[Any]]:
+            if self.cluster is None:
+                return on(self.client)
+            return self._on_primary(self.cluster, slot_of(call.write.keys[0]), on)
+
+        try:
+            written, read = run()
+        except RETRYABLE:
+            if not call.write.idempotent:
+                raise
+            written, read = self._retrying(run)
+        return call.write.parse(written), call.read.parse(read)
 
     def _commands(self, call: CommandCall[Any]) -> Any:
         """A lone command's reply, or EXEC's replies to several."""
@@ -475,6 +548,16 @@ class Executor:
         return _raise_errors(replies)
 
 
+def _connection_sender(conn: Any) -> Callable[..., Awaitable[Any]]:
+    """A command sender on one asyncio connection the caller holds (a library load)."""
+
+    async def send(*args: Any) -> Any:
+        await conn.send_command(*args)
+        return await conn.read_response()
+
+    return send
+
+
 def _rerouted(redirect: AskError) -> Rerouted:
     """MOVED (the slot map now says where the slot went) or ASK (a slot migrating:
     the map is not changed, and resending waits until the migration is done)."""
@@ -499,13 +582,18 @@ class AsyncExecutor:
         self.closed = False
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
 
-    async def call(self, call: Call[T]) -> T:
+    @overload
+    async def call(self, call: WriteThenRead[T, U]) -> tuple[T, U]: ...
+    @overload
+    async def call(self, call: Call[T]) -> T: ...
+    async def call(self, call: Any) -> Any:
         """As Executor.call."""
         if self.closed:
             raise StoreClosed
         if isinstance(call, ReadCall):
-            read: T = await self._read(call)
-            return read
+            return await self._read(call)
+        if isinstance(call, WriteThenRead):
+            return await self._write_then_read(call)
         send: Callable[[Any], Awaitable[Any]] = (
             self._fcall if isinstance(call, ScriptCall) else self._commands
         )
@@ -627,19 +715,49 @@ class AsyncExecutor:
         """As Executor._durable: the call and WAIT 1 on one connection of the slot's
         primary (of the one server)."""
         commands = durable_commands(call, self.wait_ms)
+        return await self._on_connection(
+            slot_of(first_key(call)), lambda conn: self._durable_on(conn, call, commands)
+        )
+
+    async def _write_then_read(self, call: WriteThenRead[Any, Any]) -> tuple[Any, Any]:
+        """As Executor._write_then_read."""
+        commands = chain_commands(call, self.wait_ms if self.durable else None)
+
+        async def on(conn: Any) -> tuple[Any, list[Any]]:
+            replies = await self._pipelined(conn, commands)
+            if chain_missing_function(call, replies):
+                await self._load(call.write, _connection_sender(conn))
+                replies = await self._pipelined(conn, commands)
+            return chain_replies(call, replies)
+
+        def run() -> Awaitable[tuple[Any, list[Any]]]:
+            return self._on_connection(slot_of(call.write.keys[0]), on)
+
+        try:
+            written, read = await run()
+        except RETRYABLE:
+            if not call.write.idempotent:
+                raise
+            written, read = await self._retrying.copy()(run)
+        return call.write.parse(written), call.read.parse(read)
+
+    async def _on_connection(self, slot: int, run: Callable[[Any], Awaitable[T]]) -> T:
+        """`run` with a connection of the one server, or of the slot's primary: a MOVED
+        or ASK reply there refreshes the slot map and is raised as Rerouted; a
+        connection fault makes the next call read the slot map anew."""
         if self.cluster is None:
             client: Any = self.client  # a plain client (narrowed by self.cluster)
             pool = client.connection_pool
             conn = await pool.get_connection()
             try:
-                return await self._durable_on(conn, call, commands)
+                return await run(conn)
             finally:
                 await pool.release(conn)
         cluster = self.cluster
-        node = await self._primary(cluster, slot_of(first_key(call)))
+        node = await self._primary(cluster, slot)
         conn = node.acquire_connection()
         try:
-            return await self._durable_on(conn, call, commands)
+            return await run(conn)
         except AskError as moved:  # MOVED too (a subclass)
             if isinstance(moved, MovedError):
                 await cluster.nodes_manager.move_slot(moved)
@@ -658,12 +776,7 @@ class AsyncExecutor:
         missing = replies[0]
         if isinstance(missing, redis.ResponseError) and is_function_missing(missing):
             assert isinstance(call, ScriptCall)  # only an FCALL misses a function
-
-            async def on_conn(*args: Any) -> Any:
-                await conn.send_command(*args)
-                return await conn.read_response()
-
-            await self._load(call, on_conn)
+            await self._load(call, _connection_sender(conn))
             replies = await self._pipelined(conn, commands)
         if isinstance(replies[0], AskError):  # MOVED too: the caller reroutes
             raise replies[0]

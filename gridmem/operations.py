@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from collections.abc import Generator
 from typing import Any
+from typing import NamedTuple
 from typing import TypeVar
 
 from gridmem.budget import budget_arguments
@@ -29,8 +30,10 @@ from gridmem.context import context_messages
 from gridmem.context import turn_view
 from gridmem.errors import InvalidInput
 from gridmem.keys import KeySpace
+from gridmem.keys import SessionKeys
 from gridmem.keys import ShardKeys
 from gridmem.prepare import Preparer
+from gridmem.reads import ContextReply
 from gridmem.reads import check_clock
 from gridmem.reads import clock_fields
 from gridmem.reads import context_read
@@ -49,6 +52,8 @@ from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.redaction import Redactor
 from gridmem.replies import AnyCall
 from gridmem.replies import PopReply
+from gridmem.replies import ScriptCall
+from gridmem.replies import WriteThenRead
 from gridmem.scripts import ClockReading
 from gridmem.scripts import ExportReply
 from gridmem.scripts import MetaRow
@@ -134,6 +139,34 @@ class Operations:
     ) -> Op[Receipt]:
         """Store one record; Receipt.duplicate says the idempotency key had been seen
         (nothing stored)."""
+        turn = yield from self._record_turn(avatar_uuid, channel, record, idempotency_key_)
+        reply = yield turn.call
+        return _receipt(reply, duplicate=reply.duplicate)
+
+    def record_and_context(
+        self,
+        avatar_uuid: object,
+        channel: object,
+        record: object,
+        idempotency_key_: object = None,
+        *,
+        max_tokens: object = None,
+        count_tokens: object = None,
+    ) -> Op[tuple[Receipt, list[ContextMessage]]]:
+        """record(), then context() as it stands right after it, in one atomic round
+        trip (a WriteThenRead): what the service does with a resident's words."""
+        budget, count = budget_arguments(max_tokens, count_tokens)
+        turn = yield from self._record_turn(avatar_uuid, channel, record, idempotency_key_)
+        read = context_read(turn.session, turn.shard, turn.channel, turn.now)
+        reply, context = yield WriteThenRead(turn.call, read)
+        receipt = _receipt(reply, duplicate=reply.duplicate)
+        return receipt, _context(context, budget, count)
+
+    def _record_turn(
+        self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object
+    ) -> Generator[AnyCall, Any, _Turn]:
+        """record()'s input checked and prepared (before any command), the layout and
+        limits published when due; the record_turn call to send."""
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
@@ -141,7 +174,7 @@ class Operations:
         if self._published_at is None or now.mono - self._published_at >= REPUBLISH_MS:
             yield from self.publish_limits(now.mono)
         session, shard = self.keys.session(uuid, ch)
-        reply = yield self.scripts.record_turn(
+        call = self.scripts.record_turn(
             session,
             shard,
             now,
@@ -153,7 +186,7 @@ class Operations:
             max_events=self._events_maxlen,
             limits=self._limits_packet,
         )
-        return _receipt(reply, duplicate=reply.duplicate)
+        return _Turn(call, session, shard, ch, now)
 
     def receipt(
         self, avatar_uuid: object, channel: object, idempotency_key_: object
@@ -187,12 +220,7 @@ class Operations:
                 session, shard, shard.lru(ch), clock_fields(reading.boot)
             ),
         )
-        if not reply.session_id:
-            return []
-        messages = context_messages(reply.summary, reply.entries, reply.session_id)
-        if budget is None:
-            return messages
-        return fit(messages, bool(reply.summary), budget, count)
+        return _context(reply, budget, count)
 
     def read_page(
         self,
@@ -433,6 +461,29 @@ class Operations:
         if len(parts) != self.keys.shards:
             raise InvalidInput("after", "must be None or an event id as returned by events()")
         return [stream_id(p, "after") if p else "" for p in parts]
+
+
+class _Turn(NamedTuple):
+    """A record_turn call ready to send, and the session it writes."""
+
+    call: ScriptCall[RecordReply]
+    session: SessionKeys
+    shard: ShardKeys
+    channel: Channel
+    now: ClockReading
+
+
+def _context(
+    reply: ContextReply, budget: int | None, count: Callable[[str], int]
+) -> list[ContextMessage]:
+    """context()'s messages from its read: none for no live session; with a token
+    budget, the newest part that fits (gridmem/budget.py)."""
+    if not reply.session_id:
+        return []
+    messages = context_messages(reply.summary, reply.entries, reply.session_id)
+    if budget is None:
+        return messages
+    return fit(messages, bool(reply.summary), budget, count)
 
 
 def _receipt(reply: RecordReply, *, duplicate: bool = False) -> Receipt:

@@ -1,11 +1,13 @@
 """The call and reply types: what a call carries, and how its reply is read.
 
-Three kinds of call, each run by either executor (gridmem/executor.py) for the
+Four kinds of call, each run by either executor (gridmem/executor.py) for the
 store doors and the service alike: a `ScriptCall` names a Lua function, its KEYS
 and ARGV; a `ReadCall` is reads in one MULTI/EXEC (a consistent read without a
 script); a `CommandCall` is plain commands where atomicity needs no Lua (one
-command, or a few in one MULTI/EXEC). Each says how to parse its reply; the
-parsers turn the raw replies into the typed values below. Talks to no server.
+command, or a few in one MULTI/EXEC); a `WriteThenRead` is a script call and
+reads of the same slot in one MULTI/EXEC (a write and what it left, in one round
+trip). Each says how to parse its reply; the parsers turn the raw replies into
+the typed values below. Talks to no server.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gridmem.library import LuaScript
 from gridmem.library import load_scripts
 
 T = TypeVar("T")
+U = TypeVar("U")
 Arg = str | int | bytes
 
 
@@ -73,8 +76,19 @@ class CommandCall(NamedTuple, Generic[T]):
     answers: str = ""
 
 
-# Any of the three: what an operation (gridmem/operations.py) yields for a door to run.
-AnyCall = ScriptCall[Any] | ReadCall[Any] | CommandCall[Any]
+class WriteThenRead(NamedTuple, Generic[T, U]):
+    """A script call, then reads of the same cluster slot, in one MULTI/EXEC: what
+    the write returned and what the reads see right after it, atomically and in one
+    round trip (the service's record of a resident's words and the context it then
+    asks the model with). Resent after a connection fault only if the write is
+    idempotent. A full server refuses it whole, as it refuses the write alone."""
+
+    write: ScriptCall[T]
+    read: ReadCall[U]
+
+
+# Any of the four: what an operation (gridmem/operations.py) yields for a door to run.
+AnyCall = ScriptCall[Any] | ReadCall[Any] | CommandCall[Any] | WriteThenRead[Any, Any]
 
 
 class ClockReading(NamedTuple):

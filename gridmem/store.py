@@ -309,6 +309,29 @@ class ConversationStore:
         too, counted by `count_tokens` (default: UTF-8 bytes, gridmem/budget.py)."""
         return self._drive(self._ops.context(avatar_uuid, channel, max_tokens, count_tokens))
 
+    def record_and_context(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        max_tokens: int | None = None,
+        count_tokens: TokenCounter | None = None,
+    ) -> tuple[Receipt, list[ContextMessage]]:
+        """record(), then context() as the session stands right after it: one atomic
+        MULTI/EXEC, one round trip instead of two (what an agent does with each new
+        message: store it, then ask the model)."""
+        op = self._ops.record_and_context(
+            avatar_uuid,
+            channel,
+            record,
+            idempotency_key,
+            max_tokens=max_tokens,
+            count_tokens=count_tokens,
+        )
+        return self._drive(op)
+
     def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
         """One page of session metadata (never content); next_cursor is None at the end."""
         return self._drive(self._ops.list_metadata(cursor, limit))
@@ -617,6 +640,26 @@ class AsyncConversationStore:
         count_tokens: TokenCounter | None = None,
     ) -> list[ContextMessage]:
         return await self._drive(self._ops.context(avatar_uuid, channel, max_tokens, count_tokens))
+
+    async def record_and_context(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        max_tokens: int | None = None,
+        count_tokens: TokenCounter | None = None,
+    ) -> tuple[Receipt, list[ContextMessage]]:
+        op = self._ops.record_and_context(
+            avatar_uuid,
+            channel,
+            record,
+            idempotency_key,
+            max_tokens=max_tokens,
+            count_tokens=count_tokens,
+        )
+        return await self._drive(op, offload=_text_chars(record) > OFFLOAD_TEXT_CHARS)
 
     async def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
         return await self._drive(self._ops.list_metadata(cursor, limit))

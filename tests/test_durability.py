@@ -91,6 +91,21 @@ def test_each_state_change_waits_for_a_replica_that_then_holds_it(
     assert waits(cluster) == waited  # a read waits for nothing
 
 
+def test_a_record_with_its_context_waits_for_a_replica_too(
+    cluster: EmbeddedCluster, durable: ConversationStore
+) -> None:
+    """Issue 16: record_and_context (one MULTI/EXEC) sends WAIT 1 behind its EXEC."""
+    durable.publish_limits()
+    before = waits(cluster)
+    receipt, context = durable.record_and_context(
+        avatar(40), Channel.IM, AvatarMessage(text="kept"), "1-0"
+    )
+    turns = KeySpace("gm", SHARDS).session(avatar(40), Channel.IM)[0].turns
+    assert turns_on_replica(cluster, turns) == 1  # there when it returned
+    assert waits(cluster) - before >= 1
+    assert receipt.seq >= 1 and [m.content for m in context] == ["kept"]
+
+
 def test_the_async_door_waits_too(cluster: EmbeddedCluster) -> None:
     async def run() -> tuple[bool, list[str]]:
         store = AsyncConversationStore(

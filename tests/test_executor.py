@@ -18,9 +18,11 @@ import pytest
 
 from gridmem import AvatarMessage
 from gridmem import ConversationStore
+from gridmem.errors import BadScriptArgument
 from gridmem.errors import StoreClosed
 from gridmem.executor import AsyncExecutor
 from gridmem.executor import Executor
+from gridmem.replies import WriteThenRead
 from gridmem.scripts import Scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
@@ -203,3 +205,35 @@ def test_a_forked_child_uses_its_own_connection(real_redis: Any) -> None:
     assert after.seq > parent_seq
     assert [m.content for m in store.context(avatar(2), "im")] == ["child"]
     assert [m.content for m in store.context(avatar(1), "im")] == ["parent before", "parent after"]
+
+
+def _write_then_read(store: ConversationStore, who: str, text: str) -> WriteThenRead[Any, Any]:
+    """record_and_context's call, the steps before it (the layout's publish) run."""
+    op = store._ops.record_and_context(who, "im", AvatarMessage(text=text), "1-0")
+    call = next(op)
+    while not isinstance(call, WriteThenRead):
+        call = op.send(store.executor.call(call))
+    return call
+
+
+def test_a_write_then_read_loads_a_flushed_library_and_runs_once(
+    redis: Any, command_counter: CommandCounter
+) -> None:
+    store = ConversationStore(redis)
+    call = _write_then_read(store, avatar(1), "after the flush")
+    redis.function_flush()
+    command_counter.commands.clear()
+    receipt, context = store.executor.call(call)
+    assert command_counter.commands.count("FUNCTION") == 1  # loaded once, the whole resent
+    assert receipt.seq == 1 and [e for e in context.entries if b"after" in bytes(e)]
+    assert [m.content for m in store.context(avatar(1), "im")] == ["after the flush"]
+
+
+def test_a_write_then_read_raises_the_scripts_error_and_writes_nothing(redis: Any) -> None:
+    store = ConversationStore(redis)
+    call = _write_then_read(store, avatar(2), "refused")
+    bad = call._replace(write=call.write._replace(args=("soon", *call.write.args[1:])))
+    with pytest.raises(BadScriptArgument, match="now_mono"):
+        store.executor.call(bad)
+    assert store.context(avatar(2), "im") == []
+    assert store.read_page(avatar(2), "im").turns == []

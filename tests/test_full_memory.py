@@ -155,6 +155,23 @@ def test_a_full_server_refuses_a_record_whole(
     assert [m.content for m in store.context(TALKERS[0], Channel.IM)][-1] == "one more thing"
 
 
+def test_a_full_server_refuses_a_record_with_its_context_whole(
+    server: EmbeddedValkey, store: ConversationStore
+) -> None:
+    """Issue 16: record_and_context (one MULTI/EXEC) is refused whole at maxmemory,
+    as record() is: nothing written, OutOfMemoryError to the caller."""
+    client = server.client()
+    assert fill(client, store) > 0
+    keep_full(client, store)
+    before = dump_all(client)
+    with pytest.raises(redis_py.exceptions.OutOfMemoryError):
+        store.record_and_context(TALKERS[0], Channel.IM, AvatarMessage(text="one more"), "9-0")
+    assert dump_all(client) == before
+    client.config_set("maxmemory", "0")
+    _, context = store.record_and_context(TALKERS[0], Channel.IM, AvatarMessage(text="one more"))
+    assert [m.content for m in context][-1] == "one more"
+
+
 def test_a_full_server_still_serves_every_read(
     server: EmbeddedValkey, store: ConversationStore, clock: ManualClock
 ) -> None:

@@ -265,25 +265,28 @@ class Faults:
         self.patch.setattr(worker.service, "decode_inbound", decoding)
 
     def record(self) -> None:
-        record = self.store.record
+        fused = self.store.record_and_context
 
-        async def recording(uuid: str, channel: str, item: Any, key: Any = None) -> Any:
+        async def recording(
+            uuid: str, channel: str, item: Any, key: Any = None, **budget: Any
+        ) -> Any:
             if key == self.poisoned:  # the entry's own record, not its reply's
                 self.fail("record")
-            return await record(uuid, channel, item, key)
+            return await fused(uuid, channel, item, key, **budget)
 
-        self.patch.setattr(self.store, "record", recording)
+        self.patch.setattr(self.store, "record_and_context", recording)
 
     def context(self) -> None:
-        context = self.store.context
+        """The words recorded, the context read with them: then the failure."""
+        fused = self.store.record_and_context
 
-        async def reading(*args: Any) -> Any:
-            messages = await context(*args)
+        async def reading(*args: Any, **kwargs: Any) -> Any:
+            receipt, messages = await fused(*args, **kwargs)
             if "POISON" in [m.content for m in messages if m.role == "user"][-1]:
                 self.fail("context")
-            return messages
+            return receipt, messages
 
-        self.patch.setattr(self.store, "context", reading)
+        self.patch.setattr(self.store, "record_and_context", reading)
 
     def llm(self) -> None:
         def asking(last: str) -> None:
@@ -426,16 +429,16 @@ def test_connection_faults_are_not_counted_as_attempts(
     async def scenario() -> None:
         async with running(new_client, max_attempts=1) as run:
             store: Any = run.store
-            context = store.context
+            fused = store.record_and_context
             faults: list[int] = []
 
-            async def unreachable_at_first(*args: Any) -> Any:
+            async def unreachable_at_first(*args: Any, **kwargs: Any) -> Any:
                 if len(faults) < 3:
                     faults.append(1)
                     raise redis_py.ConnectionError("injected")
-                return await context(*args)
+                return await fused(*args, **kwargs)
 
-            monkeypatch.setattr(store, "context", unreachable_at_first)
+            monkeypatch.setattr(store, "record_and_context", unreachable_at_first)
             entry = await run.send(1, "hello")
             await run.answered(entry)
             assert len(faults) == 3 and await run.dead() == {}

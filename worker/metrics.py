@@ -32,7 +32,9 @@ _LLM_LATENCY = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 RECORDS = Counter("gridmem_records_total", "Records stored by the worker service.", ["kind"])
 RECORD_SECONDS = Histogram("gridmem_record_seconds", "Time to store one record.", buckets=_LATENCY)
 CONTEXT_SECONDS = Histogram(
-    "gridmem_context_seconds", "Time to build one session's context.", buckets=_LATENCY
+    "gridmem_context_seconds",
+    "Time to store a resident's words and read the context they leave (one round trip).",
+    buckets=_LATENCY,
 )
 LLM_SECONDS = Histogram(
     "gridmem_llm_seconds", "Time for the LLM to answer, retries included.", buckets=_LLM_LATENCY

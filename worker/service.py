@@ -11,9 +11,10 @@ each worker renews its lease in time: a worker stalled past `worker.lease_second
 loses the key, and its call still out may overlap the next owner's (the store
 stays exactly-once either way).
 
-Per entry: record the avatar's words (idempotency key = entry ID), build the
-context, ask the LLM with the configured system prompt, record the visible reply
-(idempotency key = entry ID + ":reply"), publish the reply (as stored: redacted)
+Per entry: record the avatar's words (idempotency key = entry ID) and read the
+context they leave, in one round trip (record_and_context), ask the LLM with the
+configured system prompt, record the visible reply (idempotency key = entry ID +
+":reply"), publish the reply (as stored: redacted)
 on the outbound stream, then acknowledge and delete the entry. The entry's
 `avatar_name` reaches the model only, as the `name` of the resident's message
 (llm.display_name: redacted, sanitised); it is never stored. A crash anywhere
@@ -74,6 +75,7 @@ from gridmem.keys import ServiceKeys
 from gridmem.partitions import partition_of
 from gridmem.records import AgentReply
 from gridmem.records import AvatarMessage
+from gridmem.records import ContextMessage
 from gridmem.records import DeadLetterReason
 from gridmem.records import Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
@@ -592,7 +594,16 @@ class Worker:
             if partition_of(uuid, len(self.partitions)) != key.keys.partition:
                 # answered here, its key could be answered in two partitions at once
                 raise Rejected(DeadLetterReason.WRONG_PARTITION)
-            recorded = await self.store.record(uuid, channel, AvatarMessage(text=text), entry_id)
+            # the words and the context the model then gets: one round trip
+            with metrics.CONTEXT_SECONDS.time():
+                recorded, context = await self.store.record_and_context(
+                    uuid,
+                    channel,
+                    AvatarMessage(text=text),
+                    entry_id,
+                    max_tokens=self.budget.max_tokens,
+                    count_tokens=self.budget.count_tokens,
+                )
         except Rejected as bad:
             await self._reject(entry_id, bad.reason, key=key)
             return None
@@ -609,7 +620,7 @@ class Worker:
                 return _Answer(again, "republished")
         else:
             metrics.RECORDS.labels("avatar_message").inc()
-        reply = await self._ask(uuid, channel, await _display_name(fields.get("avatar_name")))
+        reply = await self._ask(context, await _display_name(fields.get("avatar_name")))
         answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
         text_ = await self.store.stored_text(reply)
         outcome = "failure_notice" if reply == FAILURE_NOTICE else "answered"
@@ -639,11 +650,9 @@ class Worker:
         metrics.RECORDS.labels("agent_reply").inc()
         return answered, cleaned
 
-    async def _ask(self, uuid: str, channel: str, name: str | None) -> str:
+    async def _ask(self, context: list[ContextMessage], name: str | None) -> str:
         """The model's answer to the key's context, `name` (the resident's display
         name, redacted and sanitised) on their newest message."""
-        with metrics.CONTEXT_SECONDS.time():
-            context = await self.store.context(uuid, channel, *self.budget)
         messages = [{"role": "system", "content": self.settings.llm.system_prompt}]
         messages = with_name(messages + [m.to_openai() for m in context], name)
         try:
