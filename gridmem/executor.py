@@ -12,11 +12,13 @@ over `redis.asyncio`, with the same ways to send:
   the read's read-only script fallback runs instead, or else its reads one by one.
 - `call(CommandCall)`: a plain command (several: in one MULTI/EXEC), retried on a
   connection fault only if the call is idempotent (an XADD is not).
-- `call(WriteThenRead)`: MULTI, the script's FCALL, the reads, EXEC, in one
-  write on one connection (of the slot's primary); both parsed, as a pair. The
-  library is loaded where it is missing and the whole resent; a connection fault
-  is retried only if the write is idempotent; a full server (OOM) refuses it
-  whole (OutOfMemoryError), as it refuses the write alone.
+- `call(Chained)`: MULTI, the write's FCALL, then the reads or the second FCALL,
+  EXEC, in one write on one connection (of the slot's primary); both parsed, as a
+  pair. The library is loaded where it is missing and the whole resent; a
+  connection fault is retried only if both calls are idempotent; a full server
+  (OOM) refuses it whole (OutOfMemoryError), as it refuses the write alone. On a
+  cluster where the second call lies in another slot, the two are sent one after
+  the other, the write first.
 - `transaction(commands)`: EXEC's replies, without parsing (tests compare them).
 - `command(*args)`: one plain command, sent once (the service's blocking XREAD,
   the HSET of a rejected entry's reason); a blocking read that a failover ended
@@ -79,10 +81,10 @@ from gridmem.config import Durability
 from gridmem.errors import DurabilityTimeout
 from gridmem.errors import StoreClosed
 from gridmem.errors import script_error_from_reply
+from gridmem.replies import Chained
 from gridmem.replies import CommandCall
 from gridmem.replies import ReadCall
 from gridmem.replies import ScriptCall
-from gridmem.replies import WriteThenRead
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -239,40 +241,63 @@ def _raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def chain_commands(call: WriteThenRead[Any, Any], wait_ms: int | None) -> list[tuple[Any, ...]]:
-    """A WriteThenRead as sent: MULTI, the FCALL, the reads, EXEC, and with
+def then_commands(call: Chained[Any, Any]) -> tuple[tuple[Any, ...], ...]:
+    """What follows the write's FCALL in a Chained call's MULTI."""
+    if isinstance(call.then, ReadCall):
+        return call.then.commands
+    return (fcall_command(call.then),)
+
+
+def chain_commands(call: Chained[Any, Any], wait_ms: int | None) -> list[tuple[Any, ...]]:
+    """A Chained call as sent: MULTI, the FCALL, what follows it, EXEC, and with
     `durability = "replica"` (a `wait_ms`) WAIT 1 behind it on the same connection."""
-    sent = [("MULTI",), fcall_command(call.write), *call.read.commands, ("EXEC",)]
+    sent = [("MULTI",), fcall_command(call.write), *then_commands(call), ("EXEC",)]
     return sent if wait_ms is None else [*sent, ("WAIT", 1, wait_ms)]
 
 
-def chain_missing_function(call: WriteThenRead[Any, Any], replies: list[Any]) -> bool:
-    """Whether the server lacked the write's function (when queued, or when run)."""
-    queued, done = replies[1], replies[len(call.read.commands) + 2]
-    if isinstance(done, list):
-        queued = done[0]
-    return isinstance(queued, redis.ResponseError) and is_function_missing(queued)
+def chain_in_one_slot(call: Chained[Any, Any]) -> bool:
+    """Whether a cluster can run the call as one MULTI (every key in the write's slot)."""
+    then = call.then
+    first = then.keys[0] if isinstance(then, ScriptCall) else command_key(then.commands[0])
+    return slot_of(call.write.keys[0]) == slot_of(first)
 
 
-def chain_replies(call: WriteThenRead[Any, Any], replies: list[Any]) -> tuple[Any, list[Any]]:
-    """The write's raw reply and the reads' raw replies among `chain_commands`'
-    replies. A command refused when queued aborts the whole (EXECABORT): that
-    refusal is raised (OOM, MOVED, ...); a script error is raised as its class;
-    with WAIT, no replica in time is DurabilityTimeout."""
-    done_at = len(call.read.commands) + 2
+def chain_idempotent(call: Chained[Any, Any]) -> bool:
+    return call.write.idempotent and (isinstance(call.then, ReadCall) or call.then.idempotent)
+
+
+def chain_missing_function(call: Chained[Any, Any], replies: list[Any]) -> bool:
+    """Whether the server lacked gridmem's functions (when queued, or when run)."""
+    scripts = 1 if isinstance(call.then, ReadCall) else 2
+    done = replies[len(then_commands(call)) + 2]
+    seen = done[:scripts] if isinstance(done, list) else replies[1 : 1 + scripts]
+    return any(isinstance(r, redis.ResponseError) and is_function_missing(r) for r in seen)
+
+
+def chain_replies(call: Chained[Any, Any], replies: list[Any]) -> tuple[Any, Any]:
+    """The write's raw reply and what follows it (the reads' raw replies, or the
+    second script's) among `chain_commands`' replies. A command refused when queued
+    aborts the whole (EXECABORT): that refusal is raised (OOM, MOVED, ...); a
+    script error is raised as its class; with WAIT, no replica in time is
+    DurabilityTimeout."""
+    done_at = len(then_commands(call)) + 2
     done = replies[done_at]
     if not isinstance(done, list):  # EXECABORT, or EXEC's own error
         for reply in [*replies[1:done_at], done]:
             if isinstance(reply, redis.ResponseError):
                 raise reply
         raise redis.ResponseError(f"unexpected EXEC reply {done!r}")
-    if isinstance(done[0], redis.ResponseError):
-        raise translate(done[0]) from None
+    scripts = done[:1] if isinstance(call.then, ReadCall) else done[:2]
+    for reply in scripts:
+        if isinstance(reply, redis.ResponseError):
+            raise translate(reply) from None
     if len(replies) > done_at + 1:
         waited = replies[done_at + 1]
         if isinstance(waited, redis.ResponseError) or int(waited) < 1:
             raise DurabilityTimeout("no replica confirmed the write in time (WAIT 1)")
-    return done[0], _raise_errors(done[1:])
+    if isinstance(call.then, ReadCall):
+        return done[0], _raise_errors(done[1:])
+    return done[0], done[1]
 
 
 class Executor:
@@ -290,18 +315,18 @@ class Executor:
         self._retrying = tenacity.Retrying(**retry_policy())
 
     @overload
-    def call(self, call: WriteThenRead[T, U]) -> tuple[T, U]: ...
+    def call(self, call: Chained[T, U]) -> tuple[T, U]: ...
     @overload
     def call(self, call: Call[T]) -> T: ...
     def call(self, call: Any) -> Any:
-        """Run one script call, MULTI/EXEC read, command call or write-then-read, and
+        """Run one script call, MULTI/EXEC read, command call or chained call, and
         parse its reply."""
         if self.closed:
             raise StoreClosed
         if isinstance(call, ReadCall):
             return self._read(call)
-        if isinstance(call, WriteThenRead):
-            return self._write_then_read(call)
+        if isinstance(call, Chained):
+            return self._chained(call)
         send: Callable[[Any], Any] = self._fcall if isinstance(call, ScriptCall) else self._commands
         if self.durable and writes(call):
             send = self._durable
@@ -358,28 +383,30 @@ class Executor:
                 replies = [self._send(*command) for command in call.commands]
         return call.parse(replies)
 
-    def _write_then_read(self, call: WriteThenRead[Any, Any]) -> tuple[Any, Any]:
+    def _chained(self, call: Chained[Any, Any]) -> tuple[Any, Any]:
+        if self.cluster is not None and not chain_in_one_slot(call):
+            return self.call(call.write), self.call(call.then)  # two slots: the write first
         commands = chain_commands(call, self.wait_ms if self.durable else None)
 
-        def on(client: Any) -> tuple[Any, list[Any]]:
+        def on(client: Any) -> tuple[Any, Any]:
             replies = self._pipelined(client, commands)
             if chain_missing_function(call, replies):
                 self._load(call.write, client.execute_command)
                 replies = self._pipelined(client, commands)
             return chain_replies(call, replies)
 
-        def run() -> tuple[Any, list[Any]]:
+        def run() -> tuple[Any, Any]:
             if self.cluster is None:
                 return on(self.client)
             return self._on_primary(self.cluster, slot_of(call.write.keys[0]), on)
 
         try:
-            written, read = run()
+            written, then = run()
         except RETRYABLE:
-            if not call.write.idempotent:
+            if not chain_idempotent(call):
                 raise
-            written, read = self._retrying(run)
-        return call.write.parse(written), call.read.parse(read)
+            written, then = self._retrying(run)
+        return call.write.parse(written), call.then.parse(then)
 
     def _commands(self, call: CommandCall[Any]) -> Any:
         """A lone command's reply, or EXEC's replies to several."""
@@ -583,7 +610,7 @@ class AsyncExecutor:
         self._retrying = tenacity.AsyncRetrying(**retry_policy())
 
     @overload
-    async def call(self, call: WriteThenRead[T, U]) -> tuple[T, U]: ...
+    async def call(self, call: Chained[T, U]) -> tuple[T, U]: ...
     @overload
     async def call(self, call: Call[T]) -> T: ...
     async def call(self, call: Any) -> Any:
@@ -592,8 +619,8 @@ class AsyncExecutor:
             raise StoreClosed
         if isinstance(call, ReadCall):
             return await self._read(call)
-        if isinstance(call, WriteThenRead):
-            return await self._write_then_read(call)
+        if isinstance(call, Chained):
+            return await self._chained(call)
         send: Callable[[Any], Awaitable[Any]] = (
             self._fcall if isinstance(call, ScriptCall) else self._commands
         )
@@ -719,27 +746,29 @@ class AsyncExecutor:
             slot_of(first_key(call)), lambda conn: self._durable_on(conn, call, commands)
         )
 
-    async def _write_then_read(self, call: WriteThenRead[Any, Any]) -> tuple[Any, Any]:
-        """As Executor._write_then_read."""
+    async def _chained(self, call: Chained[Any, Any]) -> tuple[Any, Any]:
+        """As Executor._chained."""
+        if self.cluster is not None and not chain_in_one_slot(call):
+            return await self.call(call.write), await self.call(call.then)
         commands = chain_commands(call, self.wait_ms if self.durable else None)
 
-        async def on(conn: Any) -> tuple[Any, list[Any]]:
+        async def on(conn: Any) -> tuple[Any, Any]:
             replies = await self._pipelined(conn, commands)
             if chain_missing_function(call, replies):
                 await self._load(call.write, _connection_sender(conn))
                 replies = await self._pipelined(conn, commands)
             return chain_replies(call, replies)
 
-        def run() -> Awaitable[tuple[Any, list[Any]]]:
-            return self._on_connection(slot_of(call.write.keys[0]), on)
+        async def run() -> tuple[Any, Any]:  # a coroutine function: tenacity awaits it
+            return await self._on_connection(slot_of(call.write.keys[0]), on)
 
         try:
-            written, read = await run()
+            written, then = await run()
         except RETRYABLE:
-            if not call.write.idempotent:
+            if not chain_idempotent(call):
                 raise
-            written, read = await self._retrying.copy()(run)
-        return call.write.parse(written), call.read.parse(read)
+            written, then = await self._retrying.copy()(run)
+        return call.write.parse(written), call.then.parse(then)
 
     async def _on_connection(self, slot: int, run: Callable[[Any], Awaitable[T]]) -> T:
         """`run` with a connection of the one server, or of the slot's primary: a MOVED

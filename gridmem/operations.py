@@ -51,9 +51,9 @@ from gridmem.records import parse_record
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.redaction import Redactor
 from gridmem.replies import AnyCall
+from gridmem.replies import Chained
 from gridmem.replies import PopReply
 from gridmem.replies import ScriptCall
-from gridmem.replies import WriteThenRead
 from gridmem.scripts import ClockReading
 from gridmem.scripts import ExportReply
 from gridmem.scripts import MetaRow
@@ -71,6 +71,7 @@ from gridmem.validate import page_anchor
 from gridmem.validate import page_direction
 from gridmem.validate import parse_channel
 from gridmem.validate import plain_str
+from gridmem.validate import session_id
 from gridmem.validate import session_member
 from gridmem.validate import shard_number
 from gridmem.validate import stream_id
@@ -154,19 +155,62 @@ class Operations:
         count_tokens: object = None,
     ) -> Op[tuple[Receipt, list[ContextMessage]]]:
         """record(), then context() as it stands right after it, in one atomic round
-        trip (a WriteThenRead): what the service does with a resident's words."""
+        trip (a Chained call): what the service does with a resident's words."""
         budget, count = budget_arguments(max_tokens, count_tokens)
         turn = yield from self._record_turn(avatar_uuid, channel, record, idempotency_key_)
         read = context_read(turn.session, turn.shard, turn.channel, turn.now)
-        reply, context = yield WriteThenRead(turn.call, read)
+        reply, context = yield Chained(turn.call, read)
         receipt = _receipt(reply, duplicate=reply.duplicate)
         return receipt, _context(context, budget, count)
 
+    def record_in_session(
+        self,
+        avatar_uuid: object,
+        channel: object,
+        record: object,
+        session_id_: object,
+        idempotency_key_: object = None,
+    ) -> Op[Receipt | None]:
+        """record(), only into the live session `session_id_`; None (nothing stored)
+        if that session has ended: an answer goes into the session whose context it
+        answers, never into a new one."""
+        required = session_id(session_id_)
+        turn = yield from self._record_turn(
+            avatar_uuid, channel, record, idempotency_key_, required
+        )
+        reply = yield turn.call
+        return _stored(reply)
+
+    def record_in_session_then(
+        self,
+        avatar_uuid: object,
+        channel: object,
+        record: object,
+        session_id_: object,
+        idempotency_key_: object,
+        *,
+        then: ScriptCall[T],
+    ) -> Op[tuple[Receipt | None, T]]:
+        """record_in_session(), then `then` (a call of the service's), in one MULTI/EXEC
+        where they share a slot (any single server), else right after it."""
+        required = session_id(session_id_)
+        turn = yield from self._record_turn(
+            avatar_uuid, channel, record, idempotency_key_, required
+        )
+        reply, after = yield Chained(turn.call, then)
+        return _stored(reply), after
+
     def _record_turn(
-        self, avatar_uuid: object, channel: object, record: object, idempotency_key_: object
+        self,
+        avatar_uuid: object,
+        channel: object,
+        record: object,
+        idempotency_key_: object,
+        required: str = "",
     ) -> Generator[AnyCall, Any, _Turn]:
         """record()'s input checked and prepared (before any command), the layout and
-        limits published when due; the record_turn call to send."""
+        limits published when due; the record_turn call to send (into the live session
+        `required` only, when given: a checked session ID)."""
         uuid, ch = canonical_uuid(avatar_uuid), parse_channel(channel)
         idem = self.prepare.name(idempotency_key(idempotency_key_), "idempotency_key")
         prepared = self.prepare.record(parse_record(record))
@@ -185,6 +229,7 @@ class Operations:
             truncated=prepared.truncated,
             max_events=self._events_maxlen,
             limits=self._limits_packet,
+            required_session_id=required,
         )
         return _Turn(call, session, shard, ch, now)
 
@@ -484,6 +529,11 @@ def _context(
     if budget is None:
         return messages
     return fit(messages, bool(reply.summary), budget, count)
+
+
+def _stored(reply: RecordReply) -> Receipt | None:
+    """The receipt of a record into a required session; None where it had ended."""
+    return _receipt(reply, duplicate=reply.duplicate) if reply.session_id else None
 
 
 def _receipt(reply: RecordReply, *, duplicate: bool = False) -> Receipt:

@@ -4,9 +4,9 @@ Four kinds of call, each run by either executor (gridmem/executor.py) for the
 store doors and the service alike: a `ScriptCall` names a Lua function, its KEYS
 and ARGV; a `ReadCall` is reads in one MULTI/EXEC (a consistent read without a
 script); a `CommandCall` is plain commands where atomicity needs no Lua (one
-command, or a few in one MULTI/EXEC); a `WriteThenRead` is a script call and
-reads of the same slot in one MULTI/EXEC (a write and what it left, in one round
-trip). Each says how to parse its reply; the parsers turn the raw replies into
+command, or a few in one MULTI/EXEC); a `Chained` call is a script call and then
+reads or another script call in one MULTI/EXEC (a write and what follows it, in
+one round trip). Each says how to parse its reply; the parsers turn the raw replies into
 the typed values below. Talks to no server.
 """
 
@@ -76,19 +76,22 @@ class CommandCall(NamedTuple, Generic[T]):
     answers: str = ""
 
 
-class WriteThenRead(NamedTuple, Generic[T, U]):
-    """A script call, then reads of the same cluster slot, in one MULTI/EXEC: what
-    the write returned and what the reads see right after it, atomically and in one
-    round trip (the service's record of a resident's words and the context it then
-    asks the model with). Resent after a connection fault only if the write is
-    idempotent. A full server refuses it whole, as it refuses the write alone."""
+class Chained(NamedTuple, Generic[T, U]):
+    """A script call (the write), then reads or another script call, in one
+    MULTI/EXEC: atomic, and one round trip. The service's two per message: a
+    resident's words recorded and the context read right after them (reads of the
+    session's slot); a reply recorded and its entry published and finished (a
+    stream script: one MULTI on a single server; on a cluster, where it lies in
+    another slot, the two run one after the other, the write first). Resent after
+    a connection fault only if both calls are idempotent. A full server refuses it
+    whole, as it refuses the write alone."""
 
     write: ScriptCall[T]
-    read: ReadCall[U]
+    then: ReadCall[U] | ScriptCall[U]
 
 
 # Any of the four: what an operation (gridmem/operations.py) yields for a door to run.
-AnyCall = ScriptCall[Any] | ReadCall[Any] | CommandCall[Any] | WriteThenRead[Any, Any]
+AnyCall = ScriptCall[Any] | ReadCall[Any] | CommandCall[Any] | Chained[Any, Any]
 
 
 class ClockReading(NamedTuple):
@@ -271,13 +274,18 @@ class KeyStep:
     attempts: int = 0  # with ok: attempts at entry_id that have ended
     silent: int = 0  # of those, how many ended without a word (worker died or stalled)
     rejected: str = ""  # a dead-letter reason a worker decided on before it died
+    # claim_key asked to begin: the attempt it counted at entry_id (and read it for),
+    # and the token it was counted under (the worker's, set by the worker)
+    begun: AttemptCount | None = None
+    begun_token: str = ""
 
 
 def _parse_step(raw: Sequence[Any]) -> KeyStep:
-    values = [text(v) for v in raw]
-    if len(values) > 1:
-        return KeyStep(values[0], values[1], int(values[2]), int(values[3]), values[4])
-    return KeyStep(values[0])
+    if len(raw) == 1:
+        return KeyStep(text(raw[0]))
+    state, entry_id, rejected = text(raw[0]), text(raw[1]), text(raw[4])
+    begun = _parse_attempt((raw[0], *raw[5:])) if len(raw) > 5 else None
+    return KeyStep(state, entry_id, int(raw[2]), int(raw[3]), rejected, begun)
 
 
 @dataclass(frozen=True, slots=True)

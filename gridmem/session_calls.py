@@ -121,7 +121,10 @@ class SessionCalls(ScriptCalls):
         truncated: bool,
         max_events: int,
         limits: str,
+        required_session_id: str = "",
     ) -> ScriptCall[RecordReply]:
+        """`required_session_id`: '' for any session, else store only into the live
+        session of that ID (RecordReply.session_id is '' when it has ended)."""
         return self._call(
             "record_turn",
             shard_script_keys(shard, session),
@@ -135,6 +138,7 @@ class SessionCalls(ScriptCalls):
                 int(truncated),
                 max_events,
                 limits,
+                required_session_id,
             ),
             _parse_record,
             # Without an idempotency key a resend could store the turn twice.

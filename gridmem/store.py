@@ -59,6 +59,7 @@ from gridmem.records import TurnPage
 from gridmem.records import TurnView
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.replies import AnyCall
+from gridmem.replies import ScriptCall
 from gridmem.scripts import Scripts
 from gridmem.snapshots import QuarantinedGeneration
 from gridmem.snapshots import RestoreReport
@@ -329,6 +330,38 @@ class ConversationStore:
             idempotency_key,
             max_tokens=max_tokens,
             count_tokens=count_tokens,
+        )
+        return self._drive(op)
+
+    def record_in_session(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        session_id: str,
+        idempotency_key: str | None = None,
+    ) -> Receipt | None:
+        """record(), only into the live session `session_id` (a Receipt's); None, and
+        nothing stored, if that session has ended (expired, deleted, evicted): an
+        answer goes into the session whose context it answers, never into the next."""
+        op = self._ops.record_in_session(avatar_uuid, channel, record, session_id, idempotency_key)
+        return self._drive(op)
+
+    def record_in_session_then(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        session_id: str,
+        idempotency_key: str | None,
+        *,
+        then: ScriptCall[T],
+    ) -> tuple[Receipt | None, T]:
+        """record_in_session(), then `then` (a call of the worker service's, from
+        gridmem.scripts) in the same MULTI/EXEC where both lie in one slot (any single
+        server), else right after it: the service's reply and its entry's finish."""
+        op = self._ops.record_in_session_then(
+            avatar_uuid, channel, record, session_id, idempotency_key, then=then
         )
         return self._drive(op)
 
@@ -640,6 +673,32 @@ class AsyncConversationStore:
         count_tokens: TokenCounter | None = None,
     ) -> list[ContextMessage]:
         return await self._drive(self._ops.context(avatar_uuid, channel, max_tokens, count_tokens))
+
+    async def record_in_session(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        session_id: str,
+        idempotency_key: str | None = None,
+    ) -> Receipt | None:
+        op = self._ops.record_in_session(avatar_uuid, channel, record, session_id, idempotency_key)
+        return await self._drive(op, offload=_text_chars(record) > OFFLOAD_TEXT_CHARS)
+
+    async def record_in_session_then(
+        self,
+        avatar_uuid: str,
+        channel: str,
+        record: Record | dict[str, Any],
+        session_id: str,
+        idempotency_key: str | None,
+        *,
+        then: ScriptCall[T],
+    ) -> tuple[Receipt | None, T]:
+        op = self._ops.record_in_session_then(
+            avatar_uuid, channel, record, session_id, idempotency_key, then=then
+        )
+        return await self._drive(op, offload=_text_chars(record) > OFFLOAD_TEXT_CHARS)
 
     async def record_and_context(
         self,

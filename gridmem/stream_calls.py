@@ -95,12 +95,16 @@ class StreamCalls(ScriptCalls):
         owner: str,
         lease_ms: int,
         also: str = "",
+        begin: str = "",
+        max_attempts: int = 1,
     ) -> ScriptCall[KeyStep]:
-        """Counts nothing: safe to resend."""
+        """With `begin` (a token), also begin an attempt at an ordinary head (fewer than
+        `max_attempts` ended, none silent, none rejected): KeyStep.begun. Safe to
+        resend: a repeated token counts its attempt once."""
         return self._call(
             "claim_key",
-            (service.ready, service.attempts, service.rejected),
-            (member, owner, lease_ms, also),
+            (service.ready, service.attempts, service.rejected, service.inbound),
+            (member, owner, lease_ms, also, begin, max_attempts),
             _parse_step,
         )
 

@@ -18,6 +18,7 @@ import re
 from gridmem.errors import InvalidAvatarId
 from gridmem.errors import InvalidChannel
 from gridmem.errors import InvalidInput
+from gridmem.ids import SESSION_ID
 from gridmem.ids import UUID_ANY_CASE
 from gridmem.ids import UUID_CANONICAL
 from gridmem.records import Channel
@@ -28,6 +29,7 @@ _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _STREAM_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _MEMBER = re.compile(UUID_CANONICAL + r":(public|im)")
 _SHARD_NUMBER = re.compile(r"[0-9]{1,4}")
+_SESSION_ID = re.compile(SESSION_ID)
 
 PAGE_LIMIT_MAX = 200
 METADATA_LIMIT_MAX = 1000
@@ -86,6 +88,14 @@ def idempotency_key(value: object) -> str:
     text = plain_str(value)
     if text is None or not _IDEMPOTENCY_KEY.fullmatch(text):
         raise InvalidInput("idempotency_key", "must be 1-128 characters of A-Z a-z 0-9 _ . : -")
+    return text
+
+
+def session_id(value: object) -> str:
+    """A session ID as the store issues them (Receipt.session_id): 32 lowercase hex digits."""
+    text = plain_str(value)
+    if text is None or not _SESSION_ID.fullmatch(text):
+        raise InvalidInput("session_id", "must be a session ID: 32 lowercase hexadecimal digits")
     return text
 
 

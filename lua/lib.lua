@@ -281,11 +281,12 @@ end
 
 -- What the key's owner needs to know before it starts an attempt at `id`, without
 -- counting one: attempts that ended (the one named `also`, this worker's attempt
--- in hand before a connection fault, has not ended), and how many of those ended
--- without a word. Returns ended, silent.
-local function peek_attempts(attempts, id, also)
+-- in hand before a connection fault, has not ended; nor has `mine`, the attempt a
+-- resent claim_key began), and how many of those ended without a word. Returns
+-- ended, silent.
+local function peek_attempts(attempts, id, also, mine)
   local n, w, last = read_attempts(attempts, id)
-  if also ~= '' and last == also then n = n - 1 end
+  if last ~= '' and (last == also or last == mine) then n = n - 1 end
   return n, math.max(n - w, 0)
 end
 
@@ -352,7 +353,7 @@ local function finish_inbound_entry(keys, f)
     return { 'released' }
   end
   redis.call('PEXPIRE', owner_key, f.lease)
-  local ended, silent = peek_attempts(attempts, head, '')
+  local ended, silent = peek_attempts(attempts, head, '', '')
   return { 'ok', head, ended, silent, redis.call('HGET', rejected, head) or '' }
 end
 

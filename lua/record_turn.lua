@@ -35,6 +35,10 @@
 -- ARGV[10] = max_events (exact MAXLEN of the event stream)
 -- ARGV[11] = limits packet: comma-separated integers, LIMIT_FIELDS order (prelude);
 --            sweep_batch = most other expired sessions this call ends (0: none)
+-- ARGV[12] = required session ID: '' (any: a new session if none is live), or the ID
+--            the live session must have (an answer goes only into the session whose
+--            context it answers); with another or none, nothing is stored (an expiry
+--            that was due still happens) and the reply is {'', 0, 0, 0, 0, 0}
 -- Returns: {session_id, seq, new_session(0|1), duplicate(0|1), redactions, truncated(0|1)}
 -- Flags:   none (writes: refused whole while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument, "GM_BADARG keys" on KEYS
@@ -53,6 +57,8 @@ local redactions = args:int('redactions', ARGV[8], 0)
 local truncated = args:int('truncated', ARGV[9], 0, 1)
 local max_events = args:int('max_events', ARGV[10], 1)
 local limits = args:limits('limits', ARGV[11])
+local required = ARGV[12]
+if required ~= '' then required = args:str('required_session', required, SESSION_ID_PATTERN) end
 local err = args:error()
 if err then return err end
 
@@ -69,6 +75,10 @@ if sid then
     end_session(shard, keys.own, member, REASON.expired_inactivity)
     sid, last = false, nil
   end
+end
+
+if required ~= '' and sid ~= required then
+  return { '', 0, 0, 0, 0, 0 }  -- the required session ended (or never was): store nothing
 end
 
 if sid and idem ~= '' then

@@ -22,7 +22,7 @@ from gridmem.errors import BadScriptArgument
 from gridmem.errors import StoreClosed
 from gridmem.executor import AsyncExecutor
 from gridmem.executor import Executor
-from gridmem.replies import WriteThenRead
+from gridmem.replies import Chained
 from gridmem.scripts import Scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
@@ -207,20 +207,20 @@ def test_a_forked_child_uses_its_own_connection(real_redis: Any) -> None:
     assert [m.content for m in store.context(avatar(1), "im")] == ["parent before", "parent after"]
 
 
-def _write_then_read(store: ConversationStore, who: str, text: str) -> WriteThenRead[Any, Any]:
+def _chained_call(store: ConversationStore, who: str, text: str) -> Chained[Any, Any]:
     """record_and_context's call, the steps before it (the layout's publish) run."""
     op = store._ops.record_and_context(who, "im", AvatarMessage(text=text), "1-0")
     call = next(op)
-    while not isinstance(call, WriteThenRead):
+    while not isinstance(call, Chained):
         call = op.send(store.executor.call(call))
     return call
 
 
-def test_a_write_then_read_loads_a_flushed_library_and_runs_once(
+def test_a_chained_call_loads_a_flushed_library_and_runs_once(
     redis: Any, command_counter: CommandCounter
 ) -> None:
     store = ConversationStore(redis)
-    call = _write_then_read(store, avatar(1), "after the flush")
+    call = _chained_call(store, avatar(1), "after the flush")
     redis.function_flush()
     command_counter.commands.clear()
     receipt, context = store.executor.call(call)
@@ -229,11 +229,85 @@ def test_a_write_then_read_loads_a_flushed_library_and_runs_once(
     assert [m.content for m in store.context(avatar(1), "im")] == ["after the flush"]
 
 
-def test_a_write_then_read_raises_the_scripts_error_and_writes_nothing(redis: Any) -> None:
+def test_a_chained_call_raises_the_scripts_error_and_writes_nothing(redis: Any) -> None:
     store = ConversationStore(redis)
-    call = _write_then_read(store, avatar(2), "refused")
+    call = _chained_call(store, avatar(2), "refused")
     bad = call._replace(write=call.write._replace(args=("soon", *call.write.args[1:])))
     with pytest.raises(BadScriptArgument, match="now_mono"):
         store.executor.call(bad)
     assert store.context(avatar(2), "im") == []
     assert store.read_page(avatar(2), "im").turns == []
+
+
+def _async_client_like(redis: Any) -> Any:
+    """An asyncio client of the test's server (fakeredis: the same FakeServer)."""
+    if isinstance(redis, fakeredis.FakeRedis):
+        server = redis.connection_pool.connection_kwargs["server"]
+        return fakeredis.FakeAsyncRedis(server=server)
+    from gridmem.store import connect_async
+
+    kwargs = redis.connection_pool.connection_kwargs
+    where = kwargs.get("path")
+    return connect_async(
+        f"unix://{where}" if where else f"redis://{kwargs['host']}:{kwargs['port']}"
+    )
+
+
+def _cut_once(executor: Any) -> None:
+    """The executor's next pipelined write runs on the server, then its connection is
+    cut before the reply is read (a ConnectionError); later ones go through."""
+    import redis as redis_py
+
+    pipelined, cuts = executor._pipelined, []
+
+    async def cutting_async(*args: Any) -> Any:
+        if not cuts:
+            cuts.append(1)
+            await pipelined(*args)
+            raise redis_py.ConnectionError("cut")
+        return await pipelined(*args)
+
+    def cutting(*args: Any) -> Any:
+        if not cuts:
+            cuts.append(1)
+            pipelined(*args)
+            raise redis_py.ConnectionError("cut")
+        return pipelined(*args)
+
+    executor._pipelined = cutting_async if isinstance(executor, AsyncExecutor) else cutting
+
+
+@pytest.mark.parametrize("key", ["1-0", None])
+def test_a_chained_call_is_resent_after_a_connection_fault_only_if_idempotent(
+    redis: Any, key: str | None
+) -> None:
+    """Issue 16: a connection cut before the reply of record_and_context's MULTI is
+    resent only where the record has an idempotency key (stored once either way);
+    through both executors (the async one's retry once got a coroutine it never ran)."""
+    import redis as redis_py
+
+    from gridmem import AsyncConversationStore
+
+    sync = ConversationStore(redis)
+    sync.publish_limits()
+
+    def through_sync() -> Any:
+        _cut_once(sync.executor)
+        return sync.record_and_context(avatar(1), "im", AvatarMessage(text="a"), key)
+
+    async def through_async() -> Any:
+        store = AsyncConversationStore(_async_client_like(redis))
+        _cut_once(store.executor)
+        try:
+            return await store.record_and_context(avatar(2), "im", AvatarMessage(text="b"), key)
+        finally:
+            await store.aclose()
+
+    for who, send in ((avatar(1), through_sync), (avatar(2), lambda: asyncio.run(through_async()))):
+        if key is None:
+            with pytest.raises(redis_py.ConnectionError):
+                send()
+        else:
+            receipt, context = send()
+            assert receipt.duplicate and len(context) == 1  # the resend found it stored
+        assert len(sync.read_page(who, "im").turns) == 1  # stored once, resent or not

@@ -81,7 +81,7 @@ def record_args(**over: Any) -> list[Any]:
     args = {
         "now_mono": NOW[0], "now_wall": NOW[1], "boot_id": NOW[2], "member": MEMBER,
         "session_id": SID, "payload": '["a","hi"]', "idempotency_key": "", "redactions": 0,
-        "truncated": 0, "max_events": 100, "limits": LIMITS,
+        "truncated": 0, "max_events": 100, "limits": LIMITS, "required_session": "",
     }  # fmt: skip
     args.update(over)
     return list(args.values())
@@ -108,6 +108,25 @@ class TestRecordTurn:
         ]
         dup = run("record_turn", RECORD_KEYS, record_args(idempotency_key="k1", truncated=1))
         assert _s(dup) == [SID, 1, 1, 1, 2, 0]
+
+    def test_a_required_session_takes_the_record_only_while_it_is_live(
+        self, run: Run, redis: redis_py.Redis
+    ) -> None:
+        """Issue 16: a model's reply goes only into the session whose context it answers;
+        one that ended while the model was thinking must not start a new one with it."""
+        run("record_turn", RECORD_KEYS, record_args())  # session SID, seq 1
+        same = run("record_turn", RECORD_KEYS, record_args(required_session=SID))
+        assert _s(same) == [SID, 2, 0, 0, 0, 0]
+        before = dump_all(redis)
+        other = run("record_turn", RECORD_KEYS, record_args(required_session="cd" * 16))
+        assert _s(other) == ["", 0, 0, 0, 0, 0]
+        assert dump_all(redis) == before  # nothing written
+        # the session idle one TTL: it expires (as due), and nothing new starts
+        later = record_args(now_mono=str(1000 + 1_800_000), session_id="ef" * 16)
+        ended = run("record_turn", RECORD_KEYS, [*later[:-1], SID])
+        assert _s(ended) == ["", 0, 0, 0, 0, 0]
+        assert redis.exists(SESSION.meta, SESSION.turns) == 0
+        assert redis.zcard(SHARD.sessions) == 0
 
     def test_expired_session_is_replaced(self, run: Run) -> None:
         run("record_turn", RECORD_KEYS, record_args())
@@ -176,6 +195,7 @@ class TestRecordTurn:
             ("member", f"{A.upper()}:public"), ("session_id", "short"), ("payload", "{}"),
             ("idempotency_key", "bad key"), ("redactions", "-1"), ("truncated", "2"),
             ("max_events", "0"), ("limits", "1,2,3"), ("limits", LIMITS + ",9"),
+            ("required_session", "short"), ("required_session", "AB" * 16),
         ],
     )  # fmt: skip
     def test_bad_arguments_write_nothing(

@@ -1,14 +1,17 @@
-"""record_and_context: a record and the context it leaves, in one MULTI/EXEC.
+"""The service's two chained calls per message, through the store's doors.
 
 Issue 16 (round trips per answered message): the service stored a resident's
-words (one FCALL) and then read the context for the model (one MULTI/EXEC). Both
-now go in one transaction on the session's slot (a `WriteThenRead`). What it
-returns must be what record() then context() return, on every backend, through
-both doors, on the cluster too; bad input still reaches no server.
+words (one FCALL) and then read the context for the model (one MULTI/EXEC); now
+record_and_context sends both in one transaction on the session's slot (a
+`Chained` call). What it returns must be what record() then context() return, on
+every backend, through both doors, on the cluster too; bad input still reaches
+no server. The answer then goes with record_in_session(_then): only into the
+session whose context it answers, and chained with the entry's finish.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -20,6 +23,9 @@ from gridmem import ConversationStore
 from gridmem import ManualClock
 from gridmem import ToolSummary
 from gridmem.errors import InvalidInput
+from gridmem.keys import KeySpace
+from gridmem.scripts import ScriptCall
+from gridmem.scripts import Scripts
 from tests.conftest import CommandCounter
 from tests.helpers import avatar
 
@@ -135,3 +141,102 @@ def test_it_is_one_round_trip_where_record_then_context_are_two(
     # one connection taken, one write on it (MULTI, FCALL, the reads, EXEC): nothing else
     assert command_counter.commands == ["<connection>"]
     assert apart == 2
+
+
+# -- record_in_session: an answer only into the session whose context it answers --------
+
+
+def test_an_answer_goes_into_its_live_session(store: ConversationStore) -> None:
+    who = avatar(8)
+    words, _ = store.record_and_context(who, Channel.IM, AvatarMessage(text="hi"))
+    answer = store.record_in_session(
+        who, Channel.IM, AgentReply(text="hello"), words.session_id, "1-0:reply"
+    )
+    assert answer is not None and answer.session_id == words.session_id
+    assert (answer.seq, answer.duplicate) == (words.seq + 1, False)
+    again = store.record_in_session(
+        who, Channel.IM, AgentReply(text="hello"), words.session_id, "1-0:reply"
+    )
+    assert again is not None and again.duplicate and again.seq == answer.seq
+    assert _shape(store.context(who, Channel.IM)) == [("user", "hi"), ("assistant", "hello")]
+
+
+@pytest.mark.parametrize("ending", ["delete", "expire", "ttl", "never"])
+def test_an_answer_to_an_ended_session_is_stored_nowhere(
+    store: ConversationStore, ending: str
+) -> None:
+    who = avatar(9)
+    words, _ = store.record_and_context(who, Channel.PUBLIC, AvatarMessage(text="hi"))
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
+    if ending == "delete":
+        assert store.delete(who, Channel.PUBLIC)
+    elif ending == "expire":
+        assert store.expire(who, Channel.PUBLIC)
+    elif ending == "ttl":
+        clock.advance(PUBLIC_TTL_MS)
+    sid = words.session_id if ending != "never" else "0" * 32
+    other = avatar(10) if ending == "never" else who
+    answer = store.record_in_session(other, Channel.PUBLIC, AgentReply(text="reply"), sid)
+    # Then nothing is stored, and no session starts with the answer
+    assert answer is None
+    assert store.context(other, Channel.PUBLIC) == []
+    assert [m for m in store.list_metadata().items if m.avatar_uuid == other] == []
+    assert store.read_page(other, Channel.PUBLIC).turns == []
+
+
+@pytest.mark.single_node  # counts the commands of a plain client
+def test_a_malformed_session_id_is_refused_before_any_command(
+    store: ConversationStore, command_counter: CommandCounter
+) -> None:
+    command_counter.commands.clear()
+    for bad in ("", "AB" * 16, "ab" * 15, "ab" * 16 + "\n", 12, None):
+        with pytest.raises(InvalidInput, match="session_id"):
+            store.record_in_session(avatar(11), Channel.IM, AgentReply(text="x"), bad)  # type: ignore[arg-type]
+    assert command_counter.commands == []
+
+
+def _a_second_script(on_the_sessions_slot: bool) -> ScriptCall[int]:
+    """A script call to chain behind a record: one that reads the service's backlog,
+    in the session's slot (a one-shard store's shard tag) or in the service's own."""
+    space = KeySpace()
+    keys = space.service()
+    if on_the_sessions_slot:
+        keys = dataclasses.replace(keys, inbound=space.shard(0).events)
+    return Scripts().read_backlog(keys)
+
+
+def test_the_answer_and_a_second_call_go_together(store: ConversationStore) -> None:
+    who = avatar(12)
+    words, _ = store.record_and_context(who, Channel.IM, AvatarMessage(text="hi"))
+    for together in (True, False):  # one slot (one MULTI), or two (one after the other)
+        then = _a_second_script(together)
+        answer, backlog = store.record_in_session_then(
+            who, Channel.IM, AgentReply(text=f"hello {together}"), words.session_id, None, then=then
+        )
+        assert answer is not None and answer.session_id == words.session_id
+        assert isinstance(backlog, int)
+    assert [m.content for m in store.context(who, Channel.IM)][-2:] == ["hello True", "hello False"]
+    assert store.delete(who, Channel.IM)
+    answer, _ = store.record_in_session_then(
+        who, Channel.IM, AgentReply(text="late"), words.session_id, None, then=then
+    )
+    assert answer is None and store.context(who, Channel.IM) == []
+
+
+@pytest.mark.single_node  # counts the connections of a plain client
+def test_the_answer_and_the_second_call_are_one_round_trip(
+    store: ConversationStore, command_counter: CommandCounter
+) -> None:
+    who = avatar(13)
+    words, _ = store.record_and_context(who, Channel.IM, AvatarMessage(text="hi"))
+    command_counter.commands.clear()
+    store.record_in_session_then(
+        who,
+        Channel.IM,
+        AgentReply(text="hello"),
+        words.session_id,
+        "1-0:reply",
+        then=_a_second_script(False),
+    )
+    assert command_counter.commands == ["<connection>"]

@@ -218,6 +218,65 @@ def test_attempts_count_new_tries_and_adoptions_not_resends(
     assert _attempts(redis) == {}
 
 
+def _claim_begin(run: Any, owner: str, token: str, *, also: str = "", most: int = 3) -> Any:
+    return run(
+        SCRIPTS.claim_key(
+            SERVICE,
+            member=MA,
+            owner=owner,
+            lease_ms=10_000,
+            also=also,
+            begin=token,
+            max_attempts=most,
+        )
+    )
+
+
+def test_a_claim_begins_an_attempt_at_an_ordinary_head_only(
+    run: Any, redis: redis_py.Redis
+) -> None:
+    """Issue 16 (round trips): a claim asked to begin counts the attempt and reads the
+    entry as begin_attempt does, in the same step; never at a suspect, a rejected
+    entry or one out of attempts, which the worker must handle first."""
+    ids = _filed(run, redis, 1)
+    # an ordinary head: claimed and begun, the entry read as stored
+    step = _claim_begin(run, "w1", "a")
+    assert (step.state, step.entry_id, step.attempts, step.silent) == ("ok", ids[0], 0, 0)
+    assert step.begun is not None
+    assert (step.begun.state, step.begun.attempts, step.begun.silent) == ("ok", 1, 0)
+    assert dict(step.begun.fields)[b"text"] == b"0"
+    assert _attempts(redis) == {ids[0]: "1:0:a"}
+    # a resend of the same claim counts nothing more
+    assert _claim_begin(run, "w1", "a").begun == step.begun
+    assert _attempts(redis) == {ids[0]: "1:0:a"}
+    # the worker dies in attempt a: the next claim sees a suspect and begins nothing
+    redis.delete("{gm:inbound}:owner:" + MA)
+    suspect = _claim_begin(run, "w2", "b")
+    assert (suspect.attempts, suspect.silent, suspect.begun) == (1, 1, None)
+    assert _attempts(redis) == {ids[0]: "1:0:a"}
+    # a resume naming the attempt in hand (after a connection fault) may begin it again,
+    # uncounted, as begin_attempt's `also` does
+    resumed = _claim_begin(run, "w1", "c", also="a")
+    assert resumed.state == "busy"  # w2 holds the lease now
+    redis.delete("{gm:inbound}:owner:" + MA)
+    resumed = _claim_begin(run, "w1", "c", also="a")
+    assert resumed.begun is not None and resumed.begun.attempts == 1
+    assert _attempts(redis) == {ids[0]: "1:0:c"}
+    # out of attempts: not begun (the worker dead-letters it as poison)
+    redis.delete("{gm:inbound}:owner:" + MA)
+    redis.hset(SERVICE.attempts, ids[0], "3:3:x")
+    spent = _claim_begin(run, "w1", "d", most=3)
+    assert (spent.attempts, spent.begun) == (3, None)
+    # a rejection decided before a crash: not begun (the worker dead-letters it)
+    redis.hset(SERVICE.attempts, ids[0], "0:0:")
+    redis.hset(SERVICE.rejected, ids[0], "bad_text")
+    rejected = _claim_begin(run, "w1", "e")
+    assert (rejected.rejected, rejected.begun) == ("bad_text", None)
+    # and without a token, a claim counts nothing, as before
+    redis.hdel(SERVICE.rejected, ids[0])
+    assert _claim(run, "w1").begun is None
+
+
 def test_counters_written_before_the_word_count_are_read(run: Any, redis: redis_py.Redis) -> None:
     """A counter in the earlier '<attempts>:<token>' form (a worker of the previous
     version, same server) reads as that many attempts, all without a word."""
@@ -446,6 +505,11 @@ def _BEGIN(**override: str) -> Any:
         (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=0), "lease_ms"),
         (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, also="a b"), "also"),
         (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, also="a:b"), "also"),
+        (SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, begin="a b"), "begin"),
+        (
+            SCRIPTS.claim_key(SERVICE, member=MA, owner="w", lease_ms=1, max_attempts=0),
+            "max_attempts",
+        ),
         (_BEGIN(token=""), "token"),
         (_BEGIN(token="a:b"), "token"),
         (_BEGIN(entry_id="x"), "entry_id"),

@@ -296,27 +296,32 @@ class Faults:
         self.run.chat.fault = asking
 
     def record_reply(self) -> None:
-        record = self.store.record
+        """The answer's record (alone, or chained with the entry's finish) fails."""
+        for name in ("record_in_session", "record_in_session_then"):
+            self.patch.setattr(self.store, name, self._failing_reply(getattr(self.store, name)))
 
-        async def recording(*args: Any) -> Any:
-            if args[-1] == f"{self.poisoned}:reply":
+    def _failing_reply(self, original: Any) -> Any:
+        async def recording(*args: Any, **kwargs: Any) -> Any:
+            if args[4] == f"{self.poisoned}:reply":  # the idempotency key
                 self.fail("record_reply")
-            return await record(*args)
+            return await original(*args, **kwargs)
 
-        self.patch.setattr(self.store, "record", recording)
+        return recording
 
     def publish(self) -> None:
         run_call = self.store.executor.call
 
         async def running_call(call: Any) -> Any:
             # every command goes through the executor: the reply's XADD to gm:outbound
-            # too, alone (outbound in another cluster slot) or in publish_and_finish
-            commands = getattr(call, "commands", ())
-            if any(c[:2] == ("XADD", OUTBOUND) and self.poisoned in c for c in commands):
-                self.fail("publish")
-            script = getattr(call, "script", None)
-            if script and script.name == "publish_and_finish" and self.poisoned in call.args:
-                self.fail("publish")
+            # too, alone (outbound in another cluster slot) or in publish_and_finish,
+            # itself alone or chained behind the answer's record
+            for part in (call, getattr(call, "then", None)):
+                commands = getattr(part, "commands", ())
+                if any(c[:2] == ("XADD", OUTBOUND) and self.poisoned in c for c in commands):
+                    self.fail("publish")
+                script = getattr(part, "script", None)
+                if script and script.name == "publish_and_finish" and self.poisoned in part.args:
+                    self.fail("publish")
             return await run_call(call)
 
         self.patch.setattr(self.store.executor, "call", running_call)
@@ -494,18 +499,69 @@ def test_a_reply_the_store_refuses_is_answered_with_the_failure_notice(
     async def scenario() -> None:
         async with running(new_client) as run:
             store: Any = run.store
-            record = store.record
 
-            async def refusing(uuid: str, channel: str, item: Any, key: Any = None) -> Any:
-                if getattr(item, "kind", "") == "agent_reply" and item.text != FAILURE_NOTICE:
-                    raise InvalidRecord("text", "refused by a rule of the store")
-                return await record(uuid, channel, item, key)
+            def refusing(original: Any) -> Any:
+                async def recording(
+                    uuid: str, channel: str, item: Any, *rest: Any, **kw: Any
+                ) -> Any:
+                    if getattr(item, "kind", "") == "agent_reply" and item.text != FAILURE_NOTICE:
+                        raise InvalidRecord("text", "refused by a rule of the store")
+                    return await original(uuid, channel, item, *rest, **kw)
 
-            monkeypatch.setattr(store, "record", refusing)
+                return recording
+
+            # the answer's record: alone, or chained with the entry's finish
+            for name in ("record_in_session", "record_in_session_then"):
+                monkeypatch.setattr(store, name, refusing(getattr(store, name)))
             entry = await run.send(1, "hello")
             await run.answered(entry)
             assert run.replies[entry]["text"] == FAILURE_NOTICE
             assert len(run.chat.asked) == 1 and await run.dead() == {}
+
+    go(scenario())
+
+
+class ForgettingChat(ScriptedChat):
+    """An operator deletes the resident's IM session while the model is thinking about
+    a message holding FORGET (before it answers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: AsyncConversationStore | None = None
+
+    async def complete(self, messages: list[Message]) -> str:
+        if self.store is not None and "FORGET" in messages[-1]["content"]:
+            assert await self.store.delete(avatar(1), "im")
+        return await super().complete(messages)
+
+
+def test_an_answer_goes_only_into_the_session_whose_context_it_answers(
+    new_client: Callable[[], Any],
+) -> None:
+    """Issue 16: the model's answer was recorded with no check on the session, so one
+    deleted (or expired, or evicted) during the model call took the answer into a new
+    session: text made from the old session's context, in the new one. Now it is sent
+    to the resident and stored nowhere; the next message starts clean."""
+    chat = ForgettingChat()
+
+    async def scenario() -> None:
+        async with running(new_client, chat) as run:
+            chat.store = run.store
+            first = await run.send(1, "remember: my locker code is 4711")
+            await run.answered(first)
+            forget = await run.send(1, "FORGET all that")
+            await run.answered(forget)
+            # Then the resident got the answer, naming the session it answered
+            assert run.replies[forget]["text"] == "ok: 2"
+            assert run.replies[forget]["session_id"] == run.replies[first]["session_id"]
+            # but no session holds it: the deleted one is gone, and none started with it
+            assert await run.store.context(avatar(1), "im") == []
+            assert run.worker.stats["replies_not_stored"] == 1
+            later = await run.send(1, "hello again")
+            await run.answered(later)
+            context = await run.store.context(avatar(1), "im")
+            assert [m.content for m in context] == ["hello again", "ok: 3"]
+            assert run.replies[later]["session_id"] != run.replies[first]["session_id"]
 
     go(scenario())
 
@@ -672,6 +728,53 @@ def test_the_gate_lets_ordinary_entries_run_together_and_a_suspect_alone() -> No
         release.set()
         await asyncio.gather(*first, alone, late)
         assert log == [("a", 1, False), ("b", 2, False), ("suspect", 0, True), ("c", 1, False)]
+
+    go(scenario())
+
+
+def test_the_gate_reserves_a_slot_for_a_claim_as_it_gives_one_to_an_attempt() -> None:
+    """Issue 16: a claim begins its first attempt in a slot reserved before it is sent
+    (Gate.reserve): never beyond the slots, nor while a suspect waits or runs, so a
+    suspect still runs with nothing beside it; a slot reserved and not used is given
+    back (unreserve) to whoever waits."""
+    from worker.service import Gate
+
+    async def scenario() -> None:
+        gate = Gate(2)
+        await gate.reserve()
+        await gate.reserve()
+        third = asyncio.create_task(gate.reserve())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not third.done() and gate.busy == (2, False)  # full: it waits
+        await gate.unreserve()  # a claim that began nothing gives its slot back
+        await third
+        assert gate.busy == (2, False)
+        order: list[str] = []
+
+        async def suspect() -> None:
+            async with gate.alone():
+                order.append("suspect")
+                assert gate.busy == (0, True)
+
+        async def claim() -> None:
+            await gate.reserve()
+            order.append("claim")
+            await gate.unreserve()
+
+        async with gate.shared(reserved=True):  # one reserved slot's attempt runs and ends
+            pass
+        assert gate.busy == (1, False)  # one slot held, one free
+        alone = asyncio.create_task(suspect())  # waits for the held slot to drain
+        for _ in range(5):
+            await asyncio.sleep(0)
+        late = asyncio.create_task(claim())  # a slot is free, but a suspect waits: after it
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert order == []
+        await gate.unreserve()
+        await asyncio.gather(alone, late)
+        assert order == ["suspect", "claim"] and gate.busy == (0, False)
 
     go(scenario())
 

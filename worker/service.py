@@ -13,9 +13,10 @@ stays exactly-once either way).
 
 Per entry: record the avatar's words (idempotency key = entry ID) and read the
 context they leave, in one round trip (record_and_context), ask the LLM with the
-configured system prompt, record the visible reply (idempotency key = entry ID +
-":reply"), publish the reply (as stored: redacted)
-on the outbound stream, then acknowledge and delete the entry. The entry's
+configured system prompt, then record the visible reply (idempotency key = entry
+ID + ":reply"; only into the session whose context it answers), publish it (as
+stored: redacted) on the outbound stream, and acknowledge and delete the entry, in
+one MULTI/EXEC on a single server (record_in_session_then). The entry's
 `avatar_name` reaches the model only, as the `name` of the resident's message
 (llm.display_name: redacted, sanitised); it is never stored. A crash anywhere
 is safe: the lease runs out, another worker claims the key and redoes the entry;
@@ -27,8 +28,16 @@ not valid UTF-8 (`bad_encoding`): every field is read as bytes and decoded here.
 The reason is written to {gm:inbound}:rejected before the dead letter, so a
 worker that dies in between leaves the decision to its adopter.
 
+Round trips per answered message: three on a single server (issue 16): the claim
+of the key, which also begins the attempt at its head (claim_key with `begin`,
+once a slot of the Gate is reserved for it; begin_attempt for the key's later
+entries, counted the same way), the words recorded with the context read, and
+the reply recorded with its publish and the entry's finish. On a cluster the
+session and the queue lie in other slots: the last is two.
+
 Poison: every attempt at an entry is counted in Redis when it starts
-(begin_attempt), so the count survives lease adoptions and worker restarts. An
+(begin_attempt, or the claim that begins it), so the count survives lease
+adoptions and worker restarts. An
 entry an earlier attempt at which ended without a word (its worker died) is a
 suspect and runs alone in this process (Gate): if it kills the process again,
 no innocent entry was in flight, and entries waiting behind it were never begun.
@@ -57,6 +66,7 @@ import traceback
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +87,10 @@ from gridmem.records import AgentReply
 from gridmem.records import AvatarMessage
 from gridmem.records import ContextMessage
 from gridmem.records import DeadLetterReason
-from gridmem.records import Receipt
 from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.scripts import AttemptCount
 from gridmem.scripts import KeyStep
+from gridmem.scripts import ScriptCall
 from gridmem.store import OFFLOAD_TEXT_CHARS
 from gridmem.store import AsyncConversationStore
 from gridmem.store import async_client_for
@@ -122,11 +132,14 @@ class Key:
 @dataclass(frozen=True, slots=True)
 class _Answer:
     """What answering an entry gave: the reply to publish (None: the recorded reply is
-    no longer in the transcript, nothing to publish) and the outcome counted once it is
-    out (the MESSAGES label: answered | failure_notice | republished)."""
+    no longer in the transcript, nothing to publish), the outcome counted once it is
+    out (the MESSAGES label: answered | failure_notice | republished) and, for a new
+    answer, the text to record (recorded with the entry's finish; None when a reply
+    recorded earlier is published again)."""
 
     reply: OutboundReply | None
     outcome: str
+    record: str | None = None
 
 
 @dataclass
@@ -157,19 +170,31 @@ class Gate:
         self._waiting_alone = 0
         self._changed = asyncio.Condition()
 
-    @contextlib.asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
+    async def reserve(self) -> None:
+        """Wait for an ordinary slot and take it (as `shared` does), for an attempt the
+        caller begins in the same round trip as its claim: it then runs the attempt in
+        `shared(reserved=True)`, or gives the slot back (`unreserve`)."""
         async with self._changed:
-            await self._changed.wait_for(
-                lambda: not self._alone and not self._waiting_alone and self._running < self._slots
-            )
+            await self._changed.wait_for(self._free)
             self._running += 1
+
+    async def unreserve(self) -> None:
+        async with self._changed:
+            self._running -= 1
+            self._changed.notify_all()
+
+    def _free(self) -> bool:
+        return not self._alone and not self._waiting_alone and self._running < self._slots
+
+    @contextlib.asynccontextmanager
+    async def shared(self, *, reserved: bool = False) -> AsyncIterator[None]:
+        """An ordinary slot for the block (one taken by `reserve`, with reserved=True)."""
+        if not reserved:
+            await self.reserve()
         try:
             yield
         finally:
-            async with self._changed:
-                self._running -= 1
-                self._changed.notify_all()
+            await self.unreserve()
 
     @contextlib.asynccontextmanager
     async def alone(self) -> AsyncIterator[None]:
@@ -389,14 +414,31 @@ class Worker:
         return f"{self._token_prefix}.{next(self._token_numbers)}"
 
     async def _walk(self, key: Key) -> None:
-        """Claim the key, then answer its entries oldest first until it is empty."""
+        """Claim the key once a slot of the gate is free, then answer its entries oldest
+        first until it is empty.
+
+        The claim also begins the first attempt (one round trip instead of two) in
+        that slot; the slot is given back if the claim began none (another worker
+        owns the key, nothing waits, or the head is a suspect, a rejected entry or
+        out of attempts: _step handles those as any head)."""
+        await self._gate.reserve()
+        token, resume = self._token(), ""
         try:
-            step = await self._claim(key)
-        except RETRYABLE:  # the claim may have gone through: claim again once Redis answers
-            step = await self._resume(key, "")
+            step = await self._claim(key, begin=token)
+        except BaseException as exc:
+            await self._gate.unreserve()
+            if not isinstance(exc, RETRYABLE):
+                raise
+            # The claim may have gone through: claim again once Redis answers; an
+            # attempt it began is in hand, and goes on under a new name, uncounted.
+            step, resume = await self._resume(key, token), token
+        else:
+            if step.begun is not None:
+                step = replace(step, begun_token=token)
+            else:
+                await self._gate.unreserve()
         renewer = asyncio.create_task(self._renew(key))
         try:
-            resume = ""
             while step.state == "ok":
                 step, resume = await self._step(key, step, resume)
         finally:
@@ -432,10 +474,18 @@ class Worker:
         the key passed to another worker meanwhile.
         """
         entry_id, failed, suspect = step.entry_id, "", step.silent > 0
+        begun = step.begun  # counted by the claim, its gate slot reserved
         while True:
-            async with self._gate.alone() if suspect else self._gate.shared():
-                token = self._token()
-                count = await self._begin(key, entry_id, token, hand.token, failed)
+            if begun is not None:
+                gate = self._gate.shared(reserved=True)
+            else:
+                gate = self._gate.alone() if suspect else self._gate.shared()
+            async with gate:
+                if begun is not None:
+                    token, count, begun = step.begun_token, begun, None
+                else:
+                    token = self._token()
+                    count = await self._begin(key, entry_id, token, hand.token, failed)
                 if count.state != "ok":
                     return False
                 hand.token = token
@@ -463,7 +513,9 @@ class Worker:
         try:
             answer = await self._answer_entry(key, entry_id, count.fields)
             if answer is not None:
-                if answer.reply is not None:
+                if answer.record is not None and answer.reply is not None:
+                    hand.finished, answer = await self._record_and_finish(entry_id, key, answer)
+                elif answer.reply is not None:
                     hand.finished = await self._finish(entry_id, key, answer.reply)
                 # counted once the reply is out: a failed publish is no answer
                 self.stats["republished" if answer.outcome == "republished" else "answered"] += 1
@@ -483,13 +535,18 @@ class Worker:
             return False
         return True
 
-    async def _claim(self, key: Key, also: str = "") -> KeyStep:
-        step: KeyStep = await self.store.executor.call(
+    async def _claim(self, key: Key, also: str = "", begin: str = "") -> KeyStep:
+        return await self.store.executor.call(
             self.scripts.claim_key(
-                key.keys, member=key.member, owner=self.name, lease_ms=self.lease_ms, also=also
+                key.keys,
+                member=key.member,
+                owner=self.name,
+                lease_ms=self.lease_ms,
+                also=also,
+                begin=begin,
+                max_attempts=self.max_attempts,
             )
         )
-        return step
 
     async def _begin(
         self, key: Key, entry_id: str, token: str, also: str, failed: str
@@ -540,19 +597,71 @@ class Worker:
         if reply is not None and not self._publish_in_finish[key.keys.partition]:
             await self._publish(key, reply)
             reply = None
-        step: KeyStep = await self.store.executor.call(
-            self.scripts.finish_entry(
-                key.keys,
-                group=GROUP,
-                entry_id=entry_id,
-                member=key.member,
-                owner=self.name,
-                lease_ms=self.lease_ms,
-                release=self._stopping.is_set(),
-                reply=reply,
-                max_replies=OUTBOUND_MAX_ENTRIES,
-            )
+        return await self.store.executor.call(self._finish_call(entry_id, key, reply))
+
+    def _finish_call(
+        self, entry_id: str, key: Key, reply: OutboundReply | None
+    ) -> ScriptCall[KeyStep]:
+        """finish_entry's call, publishing `reply` in the same step (publish_and_finish)."""
+        return self.scripts.finish_entry(
+            key.keys,
+            group=GROUP,
+            entry_id=entry_id,
+            member=key.member,
+            owner=self.name,
+            lease_ms=self.lease_ms,
+            release=self._stopping.is_set(),
+            reply=reply,
+            max_replies=OUTBOUND_MAX_ENTRIES,
         )
+
+    async def _record_and_finish(
+        self, entry_id: str, key: Key, answer: _Answer
+    ) -> tuple[KeyStep, _Answer]:
+        """Record a new answer, publish it and finish the entry (_store_answer); if the
+        store refuses the answer after all (a rule _usable could not foresee), the
+        failure notice instead. The key's next step, and the answer as sent."""
+        assert answer.reply is not None and answer.record is not None
+        try:
+            return await self._store_answer(entry_id, key, answer.reply, answer.record), answer
+        except InvalidInput:  # refused before anything was sent
+            self.stats["unusable_replies"] += 1
+            metrics.LLM_ERRORS.labels("unusable").inc()
+        stored = await self.store.stored_text(FAILURE_NOTICE)
+        notice = _Answer(replace(answer.reply, text=stored), "failure_notice", FAILURE_NOTICE)
+        return await self._store_answer(entry_id, key, notice.reply, FAILURE_NOTICE), notice
+
+    async def _store_answer(
+        self, entry_id: str, key: Key, reply: OutboundReply | None, text: str
+    ) -> KeyStep:
+        """Record a new answer into the session whose context it answers, then publish
+        it and finish the entry: one MULTI/EXEC on a single server (the store's
+        record_in_session_then); on a cluster the session and the queue lie in other
+        slots, and the record goes first. A session that ended while the model was
+        thinking (deleted, expired, evicted) does not take the answer, and no new
+        session starts with it: the resident still gets it."""
+        assert reply is not None
+        record = AgentReply(text=text)
+        with metrics.RECORD_SECONDS.time():
+            if self._publish_in_finish[key.keys.partition]:
+                receipt, step = await self.store.record_in_session_then(
+                    reply.avatar_uuid,
+                    reply.channel,
+                    record,
+                    reply.session_id,
+                    f"{entry_id}:reply",
+                    then=self._finish_call(entry_id, key, reply),
+                )
+            else:
+                receipt = await self.store.record_in_session(
+                    reply.avatar_uuid, reply.channel, record, reply.session_id, f"{entry_id}:reply"
+                )
+                step = await self._finish(entry_id, key, reply)
+        if receipt is None:
+            self.stats["replies_not_stored"] += 1
+            log.info("entry %s: its session ended before the answer; sent, not stored", entry_id)
+        else:
+            metrics.RECORDS.labels("agent_reply").inc()
         return step
 
     async def _reject(self, entry_id: str, reason: str, *, key: Key) -> None:
@@ -621,34 +730,24 @@ class Worker:
         else:
             metrics.RECORDS.labels("avatar_message").inc()
         reply = await self._ask(context, await _display_name(fields.get("avatar_name")))
-        answered, reply = await self._record_reply(uuid, channel, reply, reply_key)
-        text_ = await self.store.stored_text(reply)
-        outcome = "failure_notice" if reply == FAILURE_NOTICE else "answered"
-        return _Answer(OutboundReply(uuid, channel, text_, entry_id, answered.session_id), outcome)
+        text_, stored = await self._usable(reply)
+        outcome = "failure_notice" if text_ == FAILURE_NOTICE else "answered"
+        # the session the words went into: the answer goes there, or nowhere
+        out = OutboundReply(uuid, channel, stored, entry_id, recorded.session_id)
+        return _Answer(out, outcome, text_)
 
-    async def _record_reply(
-        self, uuid: str, channel: str, reply: str, reply_key: str
-    ) -> tuple[Receipt, str]:
-        """Store the model's reply, cleaned; or the failure notice if none of it can be."""
+    async def _usable(self, reply: str) -> tuple[str, str]:
+        """The model's reply as it will be recorded (cleaned) and as the store keeps it
+        (redacted, bounded); the failure notice if none of it can be stored."""
         cleaned = clean_reply(reply, self.settings.conversation.limits.max_input_bytes)
-        if cleaned is None:
-            self.stats["unusable_replies"] += 1
-            metrics.LLM_ERRORS.labels("unusable").inc()
-            cleaned = FAILURE_NOTICE
-        with metrics.RECORD_SECONDS.time():
+        if cleaned is not None:
             try:
-                answered = await self.store.record(
-                    uuid, channel, AgentReply(text=cleaned), reply_key
-                )
-            except InvalidInput:  # the store refused even the cleaned reply
-                self.stats["unusable_replies"] += 1
-                metrics.LLM_ERRORS.labels("unusable").inc()
-                cleaned = FAILURE_NOTICE
-                answered = await self.store.record(
-                    uuid, channel, AgentReply(text=cleaned), reply_key
-                )
-        metrics.RECORDS.labels("agent_reply").inc()
-        return answered, cleaned
+                return cleaned, await self.store.stored_text(cleaned)
+            except InvalidInput:  # the store would refuse even the cleaned reply
+                pass
+        self.stats["unusable_replies"] += 1
+        metrics.LLM_ERRORS.labels("unusable").inc()
+        return FAILURE_NOTICE, await self.store.stored_text(FAILURE_NOTICE)
 
     async def _ask(self, context: list[ContextMessage], name: str | None) -> str:
         """The model's answer to the key's context, `name` (the resident's display
