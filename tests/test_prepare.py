@@ -200,3 +200,28 @@ def test_text_with_no_safe_form_is_refused() -> None:
     redactor = _looping("loop|withheld", "withheld")
     with pytest.raises(InvalidRecord, match=r"^text: cannot be stored"):
         Preparer(Limits(), redactor).text("a loop", "text", 8192)
+
+
+# -- idempotency keys shaped as stream entry IDs skip the redactor (issue 16) -------------
+
+ENTRY_KEYS = st.builds(
+    lambda ms, seq, reply: f"{ms}-{seq}" + (":reply" if reply else ""),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.booleans(),
+)
+
+
+@given(key=ENTRY_KEYS)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_no_redaction_rule_matches_an_entry_id_key(key: str) -> None:
+    """The shortcut in Preparer.name holds only while no rule of the table can match
+    digits around a dash (with ":reply"): checked here against the whole table."""
+    assert redact(key) == (key, 0)
+
+
+def test_entry_id_keys_are_stored_and_other_keys_still_checked(store: ConversationStore) -> None:
+    receipt = store.record(avatar(1), "im", AvatarMessage(text="hi"), "1700000000000-0:reply")
+    assert receipt.seq >= 1
+    with pytest.raises(ValueError, match="idempotency_key"):
+        store.record(avatar(1), "im", AvatarMessage(text="hi"), "sk-ant-api03-" + "a" * 40)
