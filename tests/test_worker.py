@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
@@ -28,6 +29,8 @@ import pytest
 from gridmem.clock import ManualClock
 from gridmem.config import Settings
 from gridmem.embedded import EmbeddedValkey
+from gridmem.replies import Chained
+from gridmem.replies import ScriptCall
 from gridmem.store import AsyncConversationStore
 from gridmem.store import connect_async
 from tests.helpers import avatar
@@ -517,6 +520,68 @@ def test_a_reply_the_store_refuses_is_answered_with_the_failure_notice(
             await run.answered(entry)
             assert run.replies[entry]["text"] == FAILURE_NOTICE
             assert len(run.chat.asked) == 1 and await run.dead() == {}
+
+    go(scenario())
+
+
+def _calls_by_kind(store: AsyncConversationStore) -> Counter[str]:
+    """Counts what the store's executor is asked to send from now on, by kind: a
+    script by its name, a chained call as `<write>+<then>`, commands by their name."""
+    seen: Counter[str] = Counter()
+    executor: Any = store.executor
+    call, command = executor.call, executor.command
+
+    def kind(part: Any) -> str:
+        script = getattr(part, "script", None)
+        return script.name if script is not None else "reads"
+
+    async def calling(sent: Any) -> Any:
+        reply = await call(sent)
+        if isinstance(sent, Chained):
+            seen[f"{kind(sent.write)}+{kind(sent.then)}"] += 1
+        elif isinstance(sent, ScriptCall) and sent.script.name == "claim_key":
+            seen["claim_key (began)" if reply.begun else f"claim_key ({reply.state})"] += 1
+        elif isinstance(sent, ScriptCall):
+            seen[sent.script.name] += 1
+        else:
+            seen[" ".join(str(c[0]) for c in sent.commands)] += 1
+        return reply
+
+    async def commanding(*args: Any) -> Any:
+        seen[str(args[0])] += 1
+        return await command(*args)
+
+    executor.call, executor.command = calling, commanding
+    return seen
+
+
+def test_an_answered_message_costs_three_round_trips(new_client: Callable[[], Any]) -> None:
+    """Issue 16: what the worker sends per answered message, pinned: the key's claim
+    (which begins the attempt), the words recorded with the context read, the answer
+    recorded with its publish and the entry's finish. A key's later entries begin
+    their attempt on their own (begin_attempt), not through a claim."""
+
+    async def scenario() -> None:
+        async with running(new_client) as run:
+            warm = await run.send(99, "warm up")  # the layout published, the group made
+            await run.answered(warm)
+            seen = _calls_by_kind(run.store)
+            # When five keys get one message each, and one more key two in a row
+            ones = [await run.send(n, f"hello {n}") for n in range(1, 6)]
+            twice = [await run.send(7, "first"), await run.send(7, "second")]
+            await run.answered(*ones, *twice)
+            # Then each message cost its two chained calls and one begin: by its key's
+            # claim, or (key 7's second, its walk going on) by begin_attempt
+            assert seen["record_turn+reads"] == 7
+            assert seen["record_turn+publish_and_finish"] == 7
+            assert seen["claim_key (began)"] + seen["begin_attempt"] == 7, seen
+            assert seen["begin_attempt"] <= 1, seen
+            # and nothing else but taking entries, waiting for them, and claims of a key
+            # that another take had filed again meanwhile (found empty: no message's cost)
+            overhead = {"take_inbound", "XREAD", "claim_key (empty)"}
+            per_message = {k: v for k, v in seen.items() if k not in overhead}
+            assert sum(per_message.values()) == 3 * 7, seen
+            assert seen["claim_key (empty)"] <= 1, seen
 
     go(scenario())
 
