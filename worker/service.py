@@ -33,7 +33,8 @@ of the key, which also begins the attempt at its head (claim_key with `begin`,
 once a slot of the Gate is reserved for it; begin_attempt for the key's later
 entries, counted the same way), the words recorded with the context read, and
 the reply recorded with its publish and the entry's finish. On a cluster the
-session and the queue lie in other slots: the last is two.
+session and the queue lie in other slots: the last is two (three with one
+partition, whose outbound stream has a slot of its own).
 
 Poison: every attempt at an entry is counted in Redis when it starts
 (begin_attempt, or the claim that begins it), so the count survives lease
