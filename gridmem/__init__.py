@@ -14,6 +14,7 @@ from gridmem.errors import InvalidAvatarId
 from gridmem.errors import InvalidChannel
 from gridmem.errors import InvalidInput
 from gridmem.errors import InvalidRecord
+from gridmem.errors import RecordedWithoutContext
 from gridmem.errors import ScriptError
 from gridmem.keys import ServiceKeys
 from gridmem.keys import service_streams
@@ -67,6 +68,7 @@ __all__ = [
     "MetadataPage",
     "ReasonCode",
     "Receipt",
+    "RecordedWithoutContext",
     "RestoreReport",
     "ScriptError",
     "ServiceKeys",

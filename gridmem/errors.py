@@ -52,6 +52,20 @@ class StoreClosed(GridmemError):
         super().__init__("this store is closed (close() or the end of its with block)")
 
 
+class RecordedWithoutContext(RuntimeError):
+    """record_and_context stored the record (`receipt`), then the context could not be
+    made from what it read: the token counter raised or counted wrong. Not a
+    ValueError on purpose: the record is stored, and sending it again without an
+    idempotency key would store it twice. The cause is chained (`__cause__`)."""
+
+    def __init__(self, receipt: object) -> None:
+        super().__init__(
+            "the record was stored; its context could not be made (the token counter "
+            "failed: see the cause); read it again with context()"
+        )
+        self.receipt = receipt
+
+
 class DurabilityTimeout(GridmemError):
     """`durability = "replica"`: no replica confirmed a state change within the WAIT
     timeout. The change was made on the primary and may be lost at a failover; an

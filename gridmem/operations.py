@@ -29,6 +29,7 @@ from gridmem.config import shard_limits
 from gridmem.context import context_messages
 from gridmem.context import turn_view
 from gridmem.errors import InvalidInput
+from gridmem.errors import RecordedWithoutContext
 from gridmem.keys import KeySpace
 from gridmem.keys import SessionKeys
 from gridmem.keys import ShardKeys
@@ -161,7 +162,10 @@ class Operations:
         read = context_read(turn.session, turn.shard, turn.channel, turn.now)
         reply, context = yield Chained(turn.call, read)
         receipt = _receipt(reply, duplicate=reply.duplicate)
-        return receipt, _context(context, budget, count)
+        try:
+            return receipt, _context(context, budget, count)
+        except Exception as exc:  # the caller's counter failed after the record was stored
+            raise RecordedWithoutContext(receipt) from exc
 
     def record_in_session(
         self,
@@ -199,6 +203,12 @@ class Operations:
         )
         reply, after = yield Chained(turn.call, then)
         return _stored(reply), after
+
+    def check_record(self, record: object) -> None:
+        """What record() refuses in a record itself (its kind and fields, the input
+        ceiling, a credential-looking tool or action name), refused here with the same
+        error; nothing is sent. Redaction and bounds run as record() runs them."""
+        self.prepare.record(parse_record(record))
 
     def _record_turn(
         self,

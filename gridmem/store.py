@@ -365,6 +365,12 @@ class ConversationStore:
         )
         return self._drive(op)
 
+    def check_record(self, record: Record | dict[str, Any]) -> None:
+        """Raise what record() would raise for this record itself (InvalidRecord,
+        InputTooLarge, a credential-looking tool or action name), sending nothing: to
+        refuse a batch whole before its first record is stored."""
+        self._ops.check_record(record)
+
     def list_metadata(self, cursor: str | None = None, limit: int = 100) -> MetadataPage:
         """One page of session metadata (never content); next_cursor is None at the end."""
         return self._drive(self._ops.list_metadata(cursor, limit))
@@ -673,6 +679,12 @@ class AsyncConversationStore:
         count_tokens: TokenCounter | None = None,
     ) -> list[ContextMessage]:
         return await self._drive(self._ops.context(avatar_uuid, channel, max_tokens, count_tokens))
+
+    async def check_record(self, record: Record | dict[str, Any]) -> None:
+        if _text_chars(record) > OFFLOAD_TEXT_CHARS:  # redaction off the event loop
+            await asyncio.to_thread(self._ops.check_record, record)
+        else:
+            self._ops.check_record(record)
 
     async def record_in_session(
         self,

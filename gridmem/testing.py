@@ -102,12 +102,14 @@ def fill_session(
     text: str = "filler turn {i}",
 ) -> list[Receipt]:
     """Record avatar messages until the session holds `max_turns_per_session` turns,
-    its bound: the next turn compacts its oldest turns into the summary. `text` is
-    formatted with the turn's index `i`. Counts the turns the session already has."""
+    its turn bound: the next turn compacts its oldest turns into the summary. `{i}` in
+    `text` becomes the turn's index (any other braces are kept as written). Counts the
+    turns the session already has. A byte bound (max_session_bytes) that these turns
+    exceed compacts the session sooner: then it holds fewer (check turn_count)."""
     bound = store.config.limits.max_turns_per_session
     have = _turn_count(store, canonical_uuid(avatar_uuid), parse_channel(channel))
     return [
-        store.record(avatar_uuid, channel, AvatarMessage(text=text.format(i=i)))
+        store.record(avatar_uuid, channel, AvatarMessage(text=text.replace("{i}", str(i))))
         for i in range(have, bound)
     ]
 

@@ -73,8 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the store (a private Valkey unless [redis] url is set), restore the "
         "newest snapshot if persistence is on, and run [worker] processes workers that answer "
         "the inbound stream. SIGTERM/SIGINT stops gracefully; a second signal stops the "
-        "workers at once (the last snapshot is still written). "
-        "Settings come from --config, then GRIDMEM_* environment variables "
+        "workers at once (the last snapshot is still written). Persistence is off by "
+        "default: with the private Valkey, a stop then ends every conversation and the "
+        "messages not yet answered (the stop says how many); set [conversation] "
+        "persistence_enabled = true (GRIDMEM_CONVERSATION__PERSISTENCE_ENABLED=true) to keep "
+        "them across a restart. Settings come from --config, then GRIDMEM_* environment variables "
         "(GRIDMEM_REDIS__URL, GRIDMEM_LLM__BASE_URL, ...). "
         "Exit status: 0 stopped, 1 a fault at run time (Redis not answering), "
         "2 a setting to change (named in the one-line message).",

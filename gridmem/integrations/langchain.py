@@ -61,7 +61,10 @@ class GridmemChatMessageHistory(BaseChatMessageHistory):
         return to_messages(self.store.context(self.avatar_uuid, self.channel))
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        for record in records_for_messages(messages):  # all checked before the first write
+        records = records_for_messages(messages)
+        for record in records:  # all checked before the first write: refused whole
+            self.store.check_record(record)
+        for record in records:
             self.store.record(self.avatar_uuid, self.channel, record)
 
     def clear(self) -> None:
@@ -78,7 +81,10 @@ class GridmemChatMessageHistory(BaseChatMessageHistory):
         if self.async_store is None:
             await super().aadd_messages(messages)
             return
-        for record in records_for_messages(messages):
+        records = records_for_messages(messages)
+        for record in records:  # all checked before the first write: refused whole
+            await self.async_store.check_record(record)
+        for record in records:
             await self.async_store.record(self.avatar_uuid, self.channel, record)
 
     async def aclear(self) -> None:
@@ -99,7 +105,7 @@ def records_for_messages(messages: Sequence[BaseMessage]) -> list[_Record]:
     """The records of LangChain messages, in order (module docstring)."""
     records: list[_Record] = []
     for message in messages:
-        words = message.text if isinstance(message.text, str) else str(message.text)
+        words = _text(message)
         if isinstance(message, SystemMessage):
             record_for("system", words)  # raises
         elif isinstance(message, HumanMessage):
@@ -114,6 +120,15 @@ def records_for_messages(messages: Sequence[BaseMessage]) -> list[_Record]:
         else:
             raise unknown_role(message.type)
     return records
+
+
+def _text(message: BaseMessage) -> str:
+    """A message's text blocks joined: `.text` is a property in langchain-core 1.x, a
+    method in 0.3 (both allowed by the extra)."""
+    text: object = message.text
+    if not isinstance(text, str) and callable(text):  # 1.x's str is callable too
+        text = text()
+    return str(text) if isinstance(text, str) else ""  # a plain str, not a subclass
 
 
 def _chat_role(role: str) -> str:

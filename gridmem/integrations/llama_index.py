@@ -9,7 +9,8 @@ A `BaseChatStore` over a ConversationStore (and, for the async variants, an
 AsyncConversationStore: `async_store=`). A key is a session ID
 `<avatar-uuid>:<channel>`. Mapping (gridmem/integrations/mapping.py): USER ->
 AvatarMessage, ASSISTANT (and CHATBOT, MODEL) -> AgentReply, TOOL and FUNCTION ->
-ToolSummary (named after additional_kwargs["name"] or ["tool_call_id"]'s tool);
+ToolSummary (named after additional_kwargs["name"] or ["tool_name"]; a tool
+output with no text is stored as "(no text output)");
 SYSTEM and DEVELOPER are refused (InvalidInput, nothing stored). What gridmem
 cannot do is refused with a clear error, not done half-way: a message inserted
 at a position other than the end, removing a message other than the newest
@@ -69,7 +70,9 @@ class GridmemChatStore(BaseChatStore):
     def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
         """Replace the conversation: the old session ends whole, the messages start a new one."""
         session = parse_session_id(key)
-        records = records_for_messages(messages)  # checked before anything is removed
+        records = records_for_messages(messages)
+        for record in records:  # all checked before anything is removed
+            self._store.check_record(record)
         self._store.delete(*session)
         for record in records:
             self._store.record(*session, record)
@@ -79,10 +82,11 @@ class GridmemChatStore(BaseChatStore):
 
     def add_message(self, key: str, message: ChatMessage, idx: int | None = None) -> None:
         session = parse_session_id(key)
-        (record,) = records_for_messages([message])
+        records = records_for_messages([message])  # none: only tool calls, nothing said
         if idx is not None and idx != len(self._store.context(*session)):
             raise InvalidInput("idx", "gridmem appends only: a message cannot be inserted")
-        self._store.record(*session, record)
+        for record in records:
+            self._store.record(*session, record)
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
         session = parse_session_id(key)
@@ -127,8 +131,9 @@ class GridmemChatStore(BaseChatStore):
         if self._async_store is None or idx is not None:
             await super().async_add_message(key, message, idx)  # type: ignore[call-arg]
             return
-        (record,) = records_for_messages([message])
-        await self._async_store.record(*parse_session_id(key), record)
+        session = parse_session_id(key)
+        for record in records_for_messages([message]):  # none: only tool calls
+            await self._async_store.record(*session, record)
 
 
 def to_chat_messages(context: list[ContextMessage]) -> list[ChatMessage]:
@@ -153,6 +158,6 @@ def records_for_messages(messages: list[ChatMessage]) -> list[_Record]:
             continue  # only tool calls: nothing visible was said
         tool: Any = message.additional_kwargs.get("name") or message.additional_kwargs.get(
             "tool_name"
-        )
+        )  # a tool_call_id names a call, not a tool: then UNNAMED_TOOL
         records.append(record_for(role, words, tool))
     return records
