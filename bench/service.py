@@ -1,6 +1,8 @@
 """End-to-end service throughput and latency: inbound stream -> workers -> outbound stream.
 
     python bench/service.py [--quick] [--base DIR]
+    python bench/service.py --clients [--latencies 0.5,2 --concurrencies 32,256,1024]
+    python bench/service.py --case L:C[:ROUNDS] | --paced L:C:RATE[:SECONDS]
 
 Runs the real service (supervisor, private Valkey, worker processes) in this
 process's background and plays a grid bridge, then reads every reply from the
@@ -8,6 +10,9 @@ outbound stream. Latency is from XADD on the inbound stream to the reply's
 arrival on the outbound stream (so a burst's latency includes queueing).
 
 Tables (issue 16):
+- clients (--clients only): each candidate HTTP client alone (raw HTTP/1.1, httpx
+  in pools of 32 and of 4, aiohttp, worker.llm's) against the local endpoint at
+  each (L, C): x C/L and the CPU per request; how worker.llm's client was chosen.
 - yardstick: a raw HTTP/1.1 client alone (nothing of gridmem), then worker.llm's client, against the
   local endpoint (`python -m worker.localllm`, its own process) with a fixed
   latency L and C requests in flight: requests/s against C / L. It shows the
@@ -435,6 +440,27 @@ def run_grid(
     return grid, paced
 
 
+def one_row(case: str | None, paced: str | None) -> None:
+    """`--case L:C[:ROUNDS]` or `--paced L:C:RATE[:SECONDS]`: one service row, printed."""
+    spec = [float(x) for x in (case or paced or "").split(":")]
+    delay, c = spec[0], int(spec[1])
+    if case:
+        messages, pace = int((spec[2] if len(spec) > 2 else 3) * c), None
+    else:
+        pace = spec[2]
+        messages = int(pace * (spec[3] if len(spec) > 3 else 15))
+    load = os.getloadavg()[0]
+    with Endpoint(delay) as endpoint:
+        r = run_case(1, messages, 2 * c, endpoint.url, concurrency=c, pace=pace)
+    kind = f"paced at {pace:,.0f}/s" if pace else f"burst of {messages:,}"
+    print(
+        f"L = {delay} s, C = {c}, {kind}: {r['rate']:,.0f} messages/s"
+        f" ({r['rate'] / (c / delay):.2f} x C/L), p50 {r['p50']:,.0f} ms, p99 {r['p99']:,.0f} ms,"
+        f" RSS/conv {r['rss_per_conversation'] / 1024:.1f} KiB, worker CPU {r['cpu']:.2f};"
+        f" load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+
+
 def print_grid(grid: Grid, paced: dict[str, float] | None) -> None:
     """The yardstick and L x C tables, and the paced run; the load average with them."""
     print(f"\nload average: {os.getloadavg()[0]:.1f}")
@@ -477,6 +503,16 @@ def main() -> None:
     parser.add_argument(
         "--clients", action="store_true", help="the HTTP client comparison only (issue 16)"
     )
+    parser.add_argument(
+        "--case",
+        metavar="L:C[:ROUNDS]",
+        help="one L x C burst row only (ROUNDS x C messages; default 3)",
+    )
+    parser.add_argument(
+        "--paced",
+        metavar="L:C:RATE[:SECONDS]",
+        help="one paced row only: RATE messages/s for SECONDS (default 15)",
+    )
     parser.add_argument("--latencies", help="comma-separated L values, seconds")
     parser.add_argument("--concurrencies", help="comma-separated C values")
     args = parser.parse_args()
@@ -490,6 +526,9 @@ def main() -> None:
         concurrencies = [int(x) for x in args.concurrencies.split(",")]
     if args.clients:
         client_table(latencies, concurrencies, 3)
+        return
+    if args.case or args.paced:
+        one_row(args.case, args.paced)
         return
 
     grid, paced = ([], None) if args.no_grid else run_grid(latencies, concurrencies, args.quick)
