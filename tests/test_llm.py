@@ -26,8 +26,9 @@ MESSAGES = [{"role": "system", "content": "be kind"}, {"role": "user", "content"
 
 
 def _client(server: LocalChatServer, **settings: Any) -> OpenAICompatible:
-    """A client of `server`: a short deadline (a stall is a timeout), two retries."""
-    config = {"timeout_seconds": 0.5, "max_retries": 2, "retry_wait_seconds": 0.001, **settings}
+    """A client of `server`, two retries. The deadline makes a stall (5 s) a timeout,
+    and is long enough that a loaded machine's immediate answer never is one."""
+    config = {"timeout_seconds": 2.0, "max_retries": 2, "retry_wait_seconds": 0.001, **settings}
     return OpenAICompatible(LlmSettings(base_url=server.url, **config))
 
 
