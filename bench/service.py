@@ -1,6 +1,8 @@
 """End-to-end service throughput and latency: inbound stream -> workers -> outbound stream.
 
     python bench/service.py [--quick] [--base DIR]
+    python bench/service.py --clients [--latencies 0.5,2 --concurrencies 32,256,1024]
+    python bench/service.py --case L:C[:ROUNDS] | --paced L:C:RATE[:SECONDS]
 
 Runs the real service (supervisor, private Valkey, worker processes) in this
 process's background and plays a grid bridge, then reads every reply from the
@@ -8,6 +10,9 @@ outbound stream. Latency is from XADD on the inbound stream to the reply's
 arrival on the outbound stream (so a burst's latency includes queueing).
 
 Tables (issue 16):
+- clients (--clients only): each candidate HTTP client alone (raw HTTP/1.1, httpx
+  in pools of 32 and of 4, aiohttp, worker.llm's) against the local endpoint at
+  each (L, C): x C/L and the CPU per request; how worker.llm's client was chosen.
 - yardstick: a raw HTTP/1.1 client alone (nothing of gridmem), then worker.llm's client, against the
   local endpoint (`python -m worker.localllm`, its own process) with a fixed
   latency L and C requests in flight: requests/s against C / L. It shows the
@@ -102,35 +107,122 @@ async def raw_caller(url: str, rounds: int) -> None:
     writer.close()
 
 
-def yardstick(delay: float, concurrency: int, rounds: int) -> dict[str, float]:
-    """C callers, each of `rounds` requests one after another: once with a raw
-    client (the endpoint alone), once with worker.llm's client (what a worker uses)."""
+CLIENTS = ("raw", "httpx /32", "httpx /4", "aiohttp", "worker.llm")
+CLIENT_NOTES = {
+    "raw": "HTTP/1.1 by hand, one connection per caller: the endpoint alone",
+    "httpx /32": "httpx, pools of 32 connections (worker.llm's client before issue 16)",
+    "httpx /4": "httpx, re-pooled: pools of 4 connections",
+    "aiohttp": "aiohttp alone: one session, one TCPConnector of 2 x C",
+    "worker.llm": "worker.llm.OpenAICompatible: what a worker uses (deadline, cap, retries)",
+}
+HELLO = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
-    async def raw(url: str) -> float:
-        start = time.perf_counter()
-        await asyncio.gather(*(raw_caller(url, rounds) for _ in range(concurrency)))
-        return time.perf_counter() - start
 
-    async def ours(url: str) -> float:
-        settings = LlmSettings(base_url=url, timeout_seconds=60)
-        client = OpenAICompatible(settings, connections=2 * concurrency)
-        messages = [{"role": "user", "content": "hello"}]
+def _httpx_callers(url: str, concurrency: int, rounds: int, size: int) -> tuple[list[Any], Any]:
+    """httpx as worker.llm ran it before issue 16: 2 x C connections in pools of
+    `size`, keep-alive, TCP_NODELAY; caller i on pool i mod pools."""
+    import socket
 
-        async def caller() -> None:
-            for _ in range(rounds):
-                await client.complete(messages)
+    import httpx
 
-        start = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-        await client.aclose()
-        return elapsed
+    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    pools = -(-2 * concurrency // size)
+    clients = [
+        httpx.AsyncClient(
+            timeout=60,
+            transport=httpx.AsyncHTTPTransport(
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                socket_options=nodelay,
+            ),
+        )
+        for _ in range(pools)
+    ]
 
+    async def caller(n: int) -> None:
+        for _ in range(rounds):
+            response = await clients[n % pools].post(url + "/chat/completions", json=HELLO)
+            response.raise_for_status()
+
+    async def close() -> None:
+        for client in clients:
+            await client.aclose()
+
+    return [caller(n) for n in range(concurrency)], close
+
+
+def _aiohttp_callers(url: str, concurrency: int, rounds: int) -> tuple[list[Any], Any]:
+    import aiohttp
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * concurrency))
+
+    async def caller() -> None:
+        for _ in range(rounds):
+            async with session.post(url + "/chat/completions", json=HELLO) as response:
+                response.raise_for_status()
+                await response.read()
+
+    return [caller() for _ in range(concurrency)], session.close
+
+
+def _ours_callers(url: str, concurrency: int, rounds: int) -> tuple[list[Any], Any]:
+    settings = LlmSettings(base_url=url, timeout_seconds=60)
+    client = OpenAICompatible(settings, connections=2 * concurrency)
+
+    async def caller() -> None:
+        for _ in range(rounds):
+            await client.complete(HELLO["messages"])
+
+    return [caller() for _ in range(concurrency)], client.aclose
+
+
+async def calls(kind: str, url: str, concurrency: int, rounds: int) -> tuple[float, float]:
+    """C callers of `kind`, each `rounds` requests one after another: requests/s, and
+    this process's CPU seconds per request (client set-up included)."""
+    cpu = time.process_time()
+    if kind == "raw":
+        callers, close = [raw_caller(url, rounds) for _ in range(concurrency)], None
+    elif kind.startswith("httpx"):
+        callers, close = _httpx_callers(url, concurrency, rounds, int(kind.split("/")[1]))
+    elif kind == "aiohttp":
+        callers, close = _aiohttp_callers(url, concurrency, rounds)
+    else:
+        callers, close = _ours_callers(url, concurrency, rounds)
+    start = time.perf_counter()
+    await asyncio.gather(*callers)
+    elapsed = time.perf_counter() - start
+    if close is not None:
+        await close()
+    done = concurrency * rounds
+    return done / elapsed, (time.process_time() - cpu) / done
+
+
+def yardstick(
+    delay: float, concurrency: int, rounds: int, kinds: tuple[str, ...] = ("raw", "worker.llm")
+) -> dict[str, tuple[float, float]]:
+    """Each client `kind` alone against a fresh local endpoint (its own process):
+    (requests/s over C / L, CPU microseconds per request in this process)."""
     ideal = concurrency / delay
-    with Endpoint(delay) as endpoint:
-        alone = concurrency * rounds / asyncio.run(raw(endpoint.url))
-        client = concurrency * rounds / asyncio.run(ours(endpoint.url))
-    return {"rate": alone, "efficiency": alone / ideal, "client": client / ideal}
+    out = {}
+    for kind in kinds:
+        with Endpoint(delay) as endpoint:
+            rate, cpu = asyncio.run(calls(kind, endpoint.url, concurrency, rounds))
+        out[kind] = (rate / ideal, cpu * 1e6)
+    return out
+
+
+def client_table(latencies: list[float], concurrencies: list[int], rounds: int) -> None:
+    """The client comparison (issue 16): each candidate alone, x C/L (CPU us/request)."""
+    print(f"\nclients alone against the local endpoint (C callers, {rounds} requests each),")
+    print(f"x C/L (this process's CPU us per request); load average {os.getloadavg()[0]:.1f}")
+    for kind in CLIENTS:
+        print(f"  {kind:<11} {CLIENT_NOTES[kind]}")
+    print(f"{'L s':>5} {'C':>6} " + " ".join(f"{kind:>16}" for kind in CLIENTS))
+    for delay in latencies:
+        for c in concurrencies:
+            row = yardstick(delay, c, rounds, CLIENTS)
+            cells = " ".join(f"{row[k][0]:>8.2f} ({row[k][1]:>5,.0f})" for k in CLIENTS)
+            print(f"{delay:>5} {c:>6} {cells}", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 def wait_for_workers(client: Any, supervisor: threading.Thread, processes: int) -> None:
@@ -156,12 +248,30 @@ def commands(client: Any) -> dict[str, int]:
     return {name: int(entry["calls"]) for name, entry in stats.items()}
 
 
-def worker_rss(supervisor: Supervisor) -> int:
-    total = 0
-    for slot in supervisor._slots:  # the bench looks inside: RSS of the worker processes
+def workers(supervisor: Supervisor) -> list[psutil.Process]:
+    found = []
+    for slot in supervisor._slots:  # the bench looks inside: the worker processes
         if slot.process is not None and slot.process.pid is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
-                total += psutil.Process(slot.process.pid).memory_info().rss
+                found.append(psutil.Process(slot.process.pid))
+    return found
+
+
+def worker_rss(supervisor: Supervisor) -> int:
+    total = 0
+    for process in workers(supervisor):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total
+
+
+def worker_cpu(supervisor: Supervisor) -> float:
+    """CPU seconds (user + system) the worker processes have used."""
+    total = 0.0
+    for process in workers(supervisor):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
     return total
 
 
@@ -240,6 +350,7 @@ def run_case(
                 rss.append(worker_rss(supervisor))
 
         before = commands(client)
+        cpu_before = worker_cpu(supervisor)
         sent: dict[str, float] = {}
         start = time.perf_counter()
         args = (supervisor.url, messages, avatars, pace, sent)
@@ -249,6 +360,7 @@ def run_case(
         latencies, last, reads = collect(client, sent, messages, sample, label)
         sender.join()
         after = commands(client)
+        cpu = worker_cpu(supervisor) - cpu_before
         client.close()
     finally:
         supervisor.stop()
@@ -272,6 +384,8 @@ def run_case(
         "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1000,
         "rss_per_conversation": (peak_rss - idle_rss) / concurrency,
         "commands": spent / messages,
+        # the worker processes' CPU over the run, in cores: near 1 per process, CPU-bound
+        "cpu": cpu / (time.perf_counter() - start),
     }
 
 
@@ -295,7 +409,7 @@ def base_offline(base: Path, messages: int) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-Grid = list[tuple[float, int, dict[str, float], dict[str, float]]]
+Grid = list[tuple[float, int, dict[str, tuple[float, float]], dict[str, float]]]
 
 
 def run_grid(
@@ -326,26 +440,30 @@ def run_grid(
     return grid, paced
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def one_row(case: str | None, paced: str | None) -> None:
+    """`--case L:C[:ROUNDS]` or `--paced L:C:RATE[:SECONDS]`: one service row, printed."""
+    spec = [float(x) for x in (case or paced or "").split(":")]
+    delay, c = spec[0], int(spec[1])
+    if case:
+        messages, pace = int((spec[2] if len(spec) > 2 else 3) * c), None
+    else:
+        pace = spec[2]
+        messages = int(pace * (spec[3] if len(spec) > 3 else 15))
+    load = os.getloadavg()[0]
+    with Endpoint(delay) as endpoint:
+        r = run_case(1, messages, 2 * c, endpoint.url, concurrency=c, pace=pace)
+    kind = f"paced at {pace:,.0f}/s" if pace else f"burst of {messages:,}"
+    print(
+        f"L = {delay} s, C = {c}, {kind}: {r['rate']:,.0f} messages/s"
+        f" ({r['rate'] / (c / delay):.2f} x C/L), p50 {r['p50']:,.0f} ms, p99 {r['p99']:,.0f} ms,"
+        f" RSS/conv {r['rss_per_conversation'] / 1024:.1f} KiB, worker CPU {r['cpu']:.2f};"
+        f" load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
     )
-    parser.add_argument("--messages", type=int, default=3000, help="offline rows' burst")
-    parser.add_argument("--avatars", type=int, default=600, help="offline rows' avatars")
-    parser.add_argument("--quick", action="store_true", help="L = 0.5 s only, shorter bursts")
-    parser.add_argument("--base", type=Path, help="a checkout to compare the offline rows with")
-    parser.add_argument("--no-grid", action="store_true", help="offline rows only")
-    args = parser.parse_args()
-    if args.quick:
-        args.messages = 1000
-    latencies = [0.5] if args.quick else [0.5, 2.0]
-    concurrencies = [32, 256, 1024]
 
-    grid, paced = ([], None) if args.no_grid else run_grid(latencies, concurrencies, args.quick)
-    one = run_case(1, args.messages, args.avatars, None)
-    two = run_case(2, args.messages, args.avatars, None)
-    base_rates = base_offline(args.base, args.messages) if args.base else None
 
+def print_grid(grid: Grid, paced: dict[str, float] | None) -> None:
+    """The yardstick and L x C tables, and the paced run; the load average with them."""
+    print(f"\nload average: {os.getloadavg()[0]:.1f}")
     if grid:
         print(
             "\nyardstick: a raw HTTP/1.1 client alone against the local endpoint (C callers, 3 requests each)"
@@ -355,15 +473,15 @@ def main() -> None:
         )
         for delay, c, stick, _ in grid:
             print(
-                f"{delay:>5} {c:>6} {stick['rate']:>11,.0f} {c / delay:>7,.0f} {stick['efficiency']:>6.2f} {stick['client']:>24.2f}"
+                f"{delay:>5} {c:>6} {stick['raw'][0] * c / delay:>11,.0f} {c / delay:>7,.0f} {stick['raw'][0]:>6.2f} {stick['worker.llm'][0]:>24.2f}"
             )
         print("\nL x C: 1 worker process, concurrency C, 2 x C avatars, one burst")
-        head = f"{'L s':>5} {'C':>6} {'msgs/s':>8} {'C/L':>7} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} {'RSS/conv KiB':>13} {'cmds/msg':>9} {'trips/msg':>9}"
+        head = f"{'L s':>5} {'C':>6} {'msgs/s':>8} {'C/L':>7} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} {'RSS/conv KiB':>13} {'cmds/msg':>9} {'trips/msg':>9} {'worker CPU':>10}"
         print(head)
         for delay, c, _, r in grid:
             print(
                 f"{delay:>5} {c:>6} {r['rate']:>8,.0f} {c / delay:>7,.0f} {r['rate'] / (c / delay):>6.2f}"
-                f" {r['p50']:>8,.0f} {r['p99']:>8,.0f} {r['rss_per_conversation'] / 1024:>13,.1f} {r['commands']:>9.1f} {r['round_trips']:>9.1f}"
+                f" {r['p50']:>8,.0f} {r['p99']:>8,.0f} {r['rss_per_conversation'] / 1024:>13,.1f} {r['commands']:>9.1f} {r['round_trips']:>9.1f} {r['cpu']:>10.2f}"
             )
     if paced:
         print(
@@ -371,6 +489,54 @@ def main() -> None:
             f" {paced['rate']:,.0f} messages/s, p50 {paced['p50']:,.0f} ms, p99 {paced['p99']:,.0f} ms"
             f" (target <= {(paced['delay'] + 1) * 1000:,.0f})"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=3000, help="offline rows' burst")
+    parser.add_argument("--avatars", type=int, default=600, help="offline rows' avatars")
+    parser.add_argument("--quick", action="store_true", help="L = 0.5 s only, shorter bursts")
+    parser.add_argument("--base", type=Path, help="a checkout to compare the offline rows with")
+    parser.add_argument("--no-grid", action="store_true", help="offline rows only")
+    parser.add_argument(
+        "--clients", action="store_true", help="the HTTP client comparison only (issue 16)"
+    )
+    parser.add_argument(
+        "--case",
+        metavar="L:C[:ROUNDS]",
+        help="one L x C burst row only (ROUNDS x C messages; default 3)",
+    )
+    parser.add_argument(
+        "--paced",
+        metavar="L:C:RATE[:SECONDS]",
+        help="one paced row only: RATE messages/s for SECONDS (default 15)",
+    )
+    parser.add_argument("--latencies", help="comma-separated L values, seconds")
+    parser.add_argument("--concurrencies", help="comma-separated C values")
+    args = parser.parse_args()
+    if args.quick:
+        args.messages = 1000
+    latencies = [0.5] if args.quick else [0.5, 2.0]
+    concurrencies = [32, 256, 1024]
+    if args.latencies:
+        latencies = [float(x) for x in args.latencies.split(",")]
+    if args.concurrencies:
+        concurrencies = [int(x) for x in args.concurrencies.split(",")]
+    if args.clients:
+        client_table(latencies, concurrencies, 3)
+        return
+    if args.case or args.paced:
+        one_row(args.case, args.paced)
+        return
+
+    grid, paced = ([], None) if args.no_grid else run_grid(latencies, concurrencies, args.quick)
+    one = run_case(1, args.messages, args.avatars, None)
+    two = run_case(2, args.messages, args.avatars, None)
+    base_rates = base_offline(args.base, args.messages) if args.base else None
+
+    print_grid(grid, paced)
     burst = f"{args.messages:,} messages over {args.avatars} avatars x 2 channels, one burst"
     print(f"\noffline responder (no endpoint; the CPU ceiling), {burst}")
     print(

@@ -388,7 +388,13 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     processes: int = Field(default=2, ge=1, le=64)
-    concurrency: int = Field(default=32, ge=1, le=1024)
+    # Conversations answered at once per process (each holds one LLM call). 256 from
+    # bench/service.py's L x C grid (docs/benchmarks.md, issue 16): at a 2 s model
+    # 5-6x the messages/s of 32, p99 2.1 s paced at 0.8 of its ceiling, about 30-60
+    # KiB per conversation; above it one process's CPU is the bound (about 400
+    # messages/s here), so add processes rather than concurrency. The pools follow
+    # it: 2 x concurrency LLM connections, partitions + 16 + concurrency / 4 Redis.
+    concurrency: int = Field(default=256, ge=1, le=1024)
     # How long a worker owns a conversation key it is answering (renewed while busy);
     # after a crash, another worker takes the key over once the lease runs out.
     lease_seconds: float = Field(default=30.0, ge=1, le=3600)

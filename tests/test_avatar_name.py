@@ -9,13 +9,11 @@ or published; a name with nothing usable left is dropped and the message answere
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,6 +32,7 @@ from worker.llm import Message
 from worker.llm import OpenAICompatible
 from worker.llm import display_name
 from worker.llm import with_name
+from worker.localllm import LocalChatServer
 
 __all__ = ["new_client"]  # the fixture, used by the worker tests below
 
@@ -116,22 +115,16 @@ def test_the_name_goes_on_the_residents_newest_message_only() -> None:
 # -- through a worker, on every backend ------------------------------------------------------
 
 
-class RecordingEndpoint:
-    """An OpenAI-compatible endpoint (httpx.MockTransport) that keeps every request body."""
+class RecordingEndpoint(LocalChatServer):
+    """The local OpenAI-compatible endpoint, which keeps every request body."""
 
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.raw: list[bytes] = []
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        self.raw.append(request.content)
-        self.bodies.append(json.loads(request.content))
-        reply = {"choices": [{"message": {"role": "assistant", "content": "hello there"}}]}
-        return httpx.Response(200, json=reply)
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return self.requests
 
     def client(self) -> OpenAICompatible:
-        settings = Settings(llm={"base_url": "http://llm.test/v1", "max_retries": 0}).llm
-        return OpenAICompatible(settings, transport=httpx.MockTransport(self.handle))
+        settings = Settings(llm={"base_url": self.url, "max_retries": 0}).llm
+        return OpenAICompatible(settings)
 
     def last_user(self, said: str) -> dict[str, str]:
         """The newest user message of the request that answered `said`."""
@@ -143,7 +136,7 @@ class RecordingEndpoint:
 
 
 def test_the_name_reaches_the_llm_request(new_client: Callable[[], Any]) -> None:
-    endpoint = RecordingEndpoint()
+    endpoint = RecordingEndpoint().start()
 
     async def scenario() -> None:
         chat = endpoint.client()
@@ -168,7 +161,10 @@ def test_the_name_reaches_the_llm_request(new_client: Callable[[], Any]) -> None
             assert endpoint.last_user("and again")["name"] == "Ann_Two"
         await chat.aclose()
 
-    go(scenario())
+    try:
+        go(scenario())
+    finally:
+        endpoint.stop()
 
 
 @pytest.mark.parametrize(
@@ -182,7 +178,7 @@ def test_a_secret_in_a_name_reaches_neither_the_llm_nor_redis_nor_the_logs(
     wrapper: str | None,
 ) -> None:
     case = instance(family, 7, wrapper)
-    endpoint = RecordingEndpoint()
+    endpoint = RecordingEndpoint().start()
 
     async def scenario() -> None:
         chat = endpoint.client()
@@ -212,7 +208,10 @@ def test_a_secret_in_a_name_reaches_neither_the_llm_nor_redis_nor_the_logs(
         await chat.aclose()
 
     caplog.set_level(logging.DEBUG, logger="gridmem")
-    go(scenario())
+    try:
+        go(scenario())
+    finally:
+        endpoint.stop()
     # And no log line holds the name at all
     assert "Quill" not in caplog.text and not leaks(case, caplog.text)
 

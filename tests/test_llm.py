@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 from typing import Any
 
-import httpx
 import pytest
 
 from gridmem.config import LlmSettings
@@ -20,74 +19,103 @@ from worker.llm import clean_reply
 from worker.llm import offline_reply
 from worker.localllm import MALFORMED
 from worker.localllm import MARK
+from worker.localllm import Fault
 from worker.localllm import LocalChatServer
 
 MESSAGES = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hello"}]
 
 
-def _client(responses: list[Any], seen: list[httpx.Request], **settings: Any) -> OpenAICompatible:
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        item = responses.pop(0)
-        if isinstance(item, Exception):
-            raise item
-        status, body = item
-        return httpx.Response(status, json=body)
-
-    config = LlmSettings(
-        base_url="http://llm.test/v1", max_retries=2, retry_wait_seconds=0.001, **settings
-    )
-    return OpenAICompatible(config, transport=httpx.MockTransport(handle))
+def _client(server: LocalChatServer, **settings: Any) -> OpenAICompatible:
+    """A client of `server`, two retries. The deadline makes a stall (5 s) a timeout,
+    and is long enough that a loaded machine's immediate answer never is one."""
+    config = {"timeout_seconds": 2.0, "max_retries": 2, "retry_wait_seconds": 0.001, **settings}
+    return OpenAICompatible(LlmSettings(base_url=server.url, **config))
 
 
-OK = (200, {"choices": [{"message": {"role": "assistant", "content": "hi there"}}]})
+def _ask_once(client: OpenAICompatible) -> str:
+    async def ask() -> str:
+        try:
+            return await asyncio.wait_for(client.complete(MESSAGES), 30)  # a hang fails
+        finally:
+            await client.aclose()
+
+    return asyncio.run(ask())
 
 
 def test_posts_the_messages_with_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRIDMEM_TEST_KEY", "sk-test-secret")
-    seen: list[httpx.Request] = []
-    client = _client([OK], seen, api_key_env="GRIDMEM_TEST_KEY", model="m1")
-    assert asyncio.run(client.complete(MESSAGES)) == "hi there"
-    [request] = seen
-    assert request.url == "http://llm.test/v1/chat/completions"
-    assert request.headers["Authorization"] == "Bearer sk-test-secret"
-    assert json.loads(request.content) == {"model": "m1", "messages": MESSAGES}
+    with LocalChatServer() as server:
+        reply = _ask_once(_client(server, api_key_env="GRIDMEM_TEST_KEY", model="m1"))
+        [body], [headers] = server.requests, server.headers
+    assert reply == offline_reply(MESSAGES)
+    assert headers["authorization"] == "Bearer sk-test-secret"
+    assert body == {"model": "m1", "messages": MESSAGES}
 
 
-@pytest.mark.parametrize(
-    "failure",
-    [(500, {}), (503, {}), (429, {}), httpx.ReadTimeout("slow"), httpx.ConnectError("down")],
-)
-def test_transient_failures_are_retried_then_succeed(failure: Any) -> None:
-    seen: list[httpx.Request] = []
-    client = _client([failure, failure, OK], seen)
-    assert asyncio.run(client.complete(MESSAGES)) == "hi there"
-    assert len(seen) == 3
+def test_no_key_in_the_environment_sends_no_authorization(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRIDMEM_TEST_KEY", raising=False)
+    with LocalChatServer() as server:
+        _ask_once(_client(server, api_key_env="GRIDMEM_TEST_KEY"))
+        [headers] = server.headers
+    assert "authorization" not in headers
+
+
+# 500, 503, 429: statuses; "stall": no answer within the deadline (a timeout);
+# "drop": the connection closed unanswered (a transport error)
+TRANSIENT: list[Fault] = [500, 503, 429, "stall", "drop"]
+
+
+@pytest.mark.parametrize("failure", TRANSIENT)
+def test_transient_failures_are_retried_then_succeed(failure: Fault) -> None:
+    with LocalChatServer(faults=[failure, failure], stall_seconds=5) as server:
+        assert _ask_once(_client(server)) == offline_reply(MESSAGES)
+        assert len(server.requests) == 3
 
 
 def test_retries_are_bounded() -> None:
-    seen: list[httpx.Request] = []
-    client = _client([(500, {})] * 10, seen)
-    with pytest.raises(LlmUnavailable, match="HTTP 500"):
-        asyncio.run(client.complete(MESSAGES))
-    assert len(seen) == 3  # one try + max_retries
+    with LocalChatServer(faults=[500] * 10) as server:
+        with pytest.raises(LlmUnavailable, match="HTTP 500"):
+            _ask_once(_client(server))
+        assert len(server.requests) == 3  # one try + max_retries
 
 
-@pytest.mark.parametrize(
-    "response",
-    [
-        (400, {}),
-        (401, {}),
-        (200, {"choices": []}),
-        (200, {"choices": [{"message": {"content": "  "}}]}),
-    ],
-)
-def test_other_failures_are_not_retried(response: Any) -> None:
-    seen: list[httpx.Request] = []
-    client = _client([response, OK], seen)
-    with pytest.raises(LlmUnavailable) as caught:
-        asyncio.run(client.complete(MESSAGES))
-    assert len(seen) == 1 and "hello" not in str(caught.value)
+def test_retries_wait_and_back_off() -> None:
+    """The waits between tries grow (exponential backoff), so a struggling server is
+    not asked again at once: each retry starts later after the previous answer."""
+    with LocalChatServer(faults=[503, 503, 503]) as server:
+        with pytest.raises(LlmUnavailable, match="HTTP 503"):
+            _ask_once(_client(server, retry_wait_seconds=0.2))
+        spans = server.spans
+    waits = [spans[n + 1][0] - spans[n][1] for n in range(len(spans) - 1)]
+    assert len(waits) == 2 and waits[0] >= 0.2 and waits[1] >= 0.4, waits
+
+
+@pytest.mark.parametrize("response", [400, 401, "no-choices", "content-blank"])
+def test_other_failures_are_not_retried(response: Fault) -> None:
+    with LocalChatServer(faults=[response, response]) as server:
+        with pytest.raises(LlmUnavailable) as caught:
+            _ask_once(_client(server))
+        assert len(server.requests) == 1
+    assert "hello" not in str(caught.value) and MARK not in str(caught.value)
+
+
+def test_the_key_is_in_no_error_and_no_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every failure, retried or not, says nothing of the key it was sent with."""
+    monkeypatch.setenv("GRIDMEM_TEST_KEY", "sk-test-secret")
+    caplog.set_level(logging.DEBUG)
+    faults: list[Fault] = [401, 500, "drop", "stall", "bad-json"]
+    with LocalChatServer(faults=faults, stall_seconds=5) as server:
+        errors = []
+        for _ in range(3):
+            with pytest.raises(LlmUnavailable) as caught:
+                _ask_once(_client(server, api_key_env="GRIDMEM_TEST_KEY", max_retries=1))
+            errors.append(caught.value)
+        assert [h["authorization"] for h in server.headers] == ["Bearer sk-test-secret"] * 5
+    for error in errors:
+        assert "sk-test" not in repr(error) and error.__cause__ is None
+    assert "sk-test" not in caplog.text
 
 
 def test_offline_responder_is_deterministic_and_says_what_it_is() -> None:

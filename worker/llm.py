@@ -19,13 +19,12 @@ import asyncio
 import json
 import os
 import re
-import socket
 import unicodedata
 from typing import Any
 from typing import NamedTuple
 from typing import Protocol
 
-import httpx
+import aiohttp
 import tenacity
 
 from gridmem.budget import TokenCounter
@@ -144,38 +143,31 @@ class ChatClient(Protocol):
 
 
 class OpenAICompatible:
-    """POST {base_url}/chat/completions, as OpenAI, vLLM, llama.cpp, Ollama and others serve it."""
+    """POST {base_url}/chat/completions, as OpenAI, vLLM, llama.cpp, Ollama and others serve it.
+
+    aiohttp, one session and one pool of `connections` kept-alive HTTP/1.1
+    connections (aiohttp sets TCP_NODELAY), made on the first call inside the
+    running event loop. Chosen over httpx by bench/service.py's client yardstick
+    (`--clients`, docs/benchmarks.md, issue 16): httpcore's pool looks at each of
+    its connections for every request it places, so httpx, even split into pools
+    of 32 or of 4, stayed at 0.19-0.81 of C / L from 256 calls in flight, where
+    aiohttp reached 1.2-2.5x that on the same run.
+    """
 
     name = "openai-compatible"
 
-    def __init__(
-        self,
-        settings: LlmSettings,
-        transport: httpx.AsyncBaseTransport | None = None,
-        *,
-        connections: int = 100,
-    ):
+    def __init__(self, settings: LlmSettings, *, connections: int = 100):
         if settings.base_url is None:
             raise ValueError("llm.base_url is not set")
-        headers = {}
+        self._url = settings.base_url.rstrip("/") + "/chat/completions"
+        self._headers = {}
         key = os.environ.get(settings.api_key_env)
         if key:
-            headers["Authorization"] = f"Bearer {key}"
+            self._headers["Authorization"] = f"Bearer {key}"
         self.model = settings.model
         self._deadline = settings.timeout_seconds
-        # Pools of at most POOL_SIZE connections, a call going to the least busy one
-        # (pooled_transport says why); a given transport (a test's) is one pool.
-        pools = 1 if transport else -(-connections // POOL_SIZE)
-        self._pools = [
-            httpx.AsyncClient(
-                base_url=settings.base_url.rstrip("/"),
-                timeout=settings.timeout_seconds,
-                headers=headers,
-                transport=transport or pooled_transport(-(-connections // pools)),
-            )
-            for _ in range(pools)
-        ]
-        self._busy = [0] * pools
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
         self._retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
             stop=tenacity.stop_after_attempt(settings.max_retries + 1),
@@ -195,7 +187,7 @@ class OpenAICompatible:
                 status, body = await self._exchange(messages)
         except TimeoutError:
             raise _Retryable("deadline") from None
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
+        except aiohttp.ClientError as exc:  # connect, reset, a cut or malformed response
             raise _Retryable(type(exc).__name__) from None
         if status == 429 or status >= 500:
             raise _Retryable(f"HTTP {status}")
@@ -203,25 +195,33 @@ class OpenAICompatible:
             raise LlmUnavailable(f"HTTP {status}")
         return _content(body)
 
-    async def _exchange(self, messages: list[Message]) -> tuple[int, bytes]:
-        """POST and read the body, at most MAX_BODY_BYTES of it."""
-        pool = self._busy.index(min(self._busy))
-        self._busy[pool] += 1
-        try:
-            return await self._post(self._pools[pool], messages)
-        finally:
-            self._busy[pool] -= 1
+    def _http(self) -> aiohttp.ClientSession:
+        """The session, made on first use: aiohttp binds it to the running loop."""
+        if self._session is None:
+            pool = aiohttp.TCPConnector(limit=self._connections, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=pool,
+                headers=self._headers,
+                # the deadline is _once's, for the whole exchange; no second clock here
+                timeout=aiohttp.ClientTimeout(total=None),
+                # no cookie is kept from one resident's call for the next one's
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
 
-    async def _post(self, http: httpx.AsyncClient, messages: list[Message]) -> tuple[int, bytes]:
+    async def _exchange(self, messages: list[Message]) -> tuple[int, bytes]:
+        """POST and read the body, at most MAX_BODY_BYTES of it. A body left unread
+        (an error status's, an over-large one) closes its connection on the way out:
+        aiohttp returns a connection to the pool only once its response is read whole."""
         request = {"model": self.model, "messages": messages}
-        async with http.stream("POST", "/chat/completions", json=request) as response:
-            if response.status_code != 200:
-                return response.status_code, b""  # the body of an error is never read
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        post = self._http().post(self._url, json=request, allow_redirects=False)
+        async with post as response:
+            if response.status != 200:
+                return response.status, b""  # the body of an error is never read
+            if (response.content_length or 0) > MAX_BODY_BYTES:
                 raise LlmUnavailable("response too large")
             chunks, size = [], 0
-            async for chunk in response.aiter_bytes():  # decoded: a gzip bomb stops too
+            async for chunk in response.content.iter_any():  # decoded: a gzip bomb stops too
                 size += len(chunk)
                 if size > MAX_BODY_BYTES:
                     raise LlmUnavailable("response too large")
@@ -229,30 +229,9 @@ class OpenAICompatible:
         return 200, b"".join(chunks)
 
     async def aclose(self) -> None:
-        for http in self._pools:
-            await http.aclose()
-
-
-# httpcore's pool looks at each of its connections (a poll() system call each) for
-# every request it places, so one pool of C connections costs O(C) per request:
-# at 1,024 in flight that alone was the bound (cProfile: 60% of the client's time in
-# connection_pool._assign_requests_to_connections). Pools of this size keep it small.
-POOL_SIZE = 32
-
-
-def pooled_transport(connections: int) -> httpx.AsyncHTTPTransport:
-    """HTTP/1.1 keep-alive, `connections` connections, no Nagle delay.
-
-    All the pools together hold one connection per conversation in flight
-    (`worker.concurrency`): httpx's default single pool of 100 made calls 101 and
-    on wait for a connection. TCP_NODELAY: httpx
-    writes a request's headers and body in two sends, and Nagle's algorithm held the
-    body until the server's delayed ACK of the headers, 7-11 ms a request on a
-    kept-alive connection here against under 0.2 ms (issue 16).
-    """
-    pool = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    return httpx.AsyncHTTPTransport(limits=pool, socket_options=nodelay)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def _content(body: bytes) -> str:

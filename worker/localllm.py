@@ -7,11 +7,12 @@ workers sent. Faults, one per request in order:
 
 - an HTTP status (500, 429, ...): that status, an error body;
 - "stall": nothing at all for stall_seconds;
+- "drop": the connection closed with no answer (a transport error to the client);
 - "headers-stall": 200 and headers, then nothing for stall_seconds;
 - "trickle": 200 and headers, then whitespace one byte every trickle_seconds,
   until the client goes away (a body that never ends; each read succeeds);
-- "bad-json", "no-choices", "content-list", "content-null": a 200 whose body is
-  not a chat completion one can use;
+- "bad-json", "no-choices", "content-list", "content-null", "content-blank": a 200
+  whose body is not a chat completion one can use;
 - "huge": a 200 body of HUGE_BODY_BYTES, no Content-Length (read until close).
 
 It is an asyncio server on its own thread and event loop (HTTP/1.1 keep-alive, a
@@ -34,6 +35,7 @@ import json
 import threading
 import time
 from typing import Any
+from typing import Self
 
 from worker.llm import offline_reply
 
@@ -50,6 +52,7 @@ MALFORMED: dict[str, bytes] = {
         {"choices": [{"message": {"content": [{"type": "text", "text": MARK}]}}]}
     ).encode(),
     "content-null": json.dumps({"choices": [{"message": {"content": None, "x": MARK}}]}).encode(),
+    "content-blank": json.dumps({"choices": [{"message": {"content": " \n", "x": MARK}}]}).encode(),
 }
 # Connections the kernel queues before accept: more than any benchmark's client opens.
 BACKLOG = 4096
@@ -75,6 +78,10 @@ class LocalChatServer:
         self.stall_seconds = stall_seconds
         self.trickle_seconds = trickle_seconds
         self.requests: list[dict[str, Any]] = []
+        # each request's raw body and its headers (lower-cased names), in order: a test
+        # checks what a client sent, a secret included; nothing here is ever printed
+        self.raw: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
         self.in_flight = 0
         self.most_in_flight = 0  # the most requests held at once (a test or bench reads it)
         # (start, end) in time.monotonic() seconds and the body of each answered request
@@ -96,7 +103,7 @@ class LocalChatServer:
         host, port = self._address
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> LocalChatServer:
+    def start(self) -> Self:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
@@ -108,7 +115,7 @@ class LocalChatServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
 
-    def __enter__(self) -> LocalChatServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -142,9 +149,13 @@ class LocalChatServer:
             self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
-    def _next_fault(self, body: dict[str, Any]) -> Fault | None:
+    def _next_fault(
+        self, body: dict[str, Any], raw: bytes, headers: dict[str, str]
+    ) -> Fault | None:
         with self._lock:
             self.requests.append(body)
+            self.raw.append(raw)
+            self.headers.append(headers)
             return self._faults.pop(0) if self._faults else None
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -154,7 +165,7 @@ class LocalChatServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path, headers = _parse_head(head)
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                await self._answer(method, path, body, writer)
+                await self._answer(method, path, body, headers, writer)
                 if headers.get("connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, _Close):
@@ -170,7 +181,12 @@ class LocalChatServer:
                 await writer.wait_closed()
 
     async def _answer(
-        self, method: str, path: str, raw: bytes, writer: asyncio.StreamWriter
+        self,
+        method: str,
+        path: str,
+        raw: bytes,
+        headers: dict[str, str],
+        writer: asyncio.StreamWriter,
     ) -> None:
         try:
             body = json.loads(raw)
@@ -180,7 +196,7 @@ class LocalChatServer:
         if method != "POST" or path.rstrip("/") != "/v1/chat/completions":
             await _send(writer, 404, {"error": "not found"})
             return
-        fault = self._next_fault(body)
+        fault = self._next_fault(body, raw, headers)
         self.in_flight += 1  # only the loop's thread changes it
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         began = time.monotonic()
@@ -202,6 +218,8 @@ class LocalChatServer:
         elif fault == "stall":
             await asyncio.sleep(self.stall_seconds)  # the client's timeout fires first
             raise _Close
+        elif fault == "drop":
+            raise _Close  # closed unanswered: the client sees the server disconnect
         elif fault in MALFORMED:
             await _send_raw(writer, 200, MALFORMED[fault])
         else:

@@ -806,7 +806,6 @@ def run_worker_process(settings_data: dict[str, Any], url: str) -> None:
         level=settings.worker.log_level,
         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s",
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines: noise
     asyncio.run(_serve(settings, url))
 
 
