@@ -75,6 +75,12 @@ from gridmem.snapshots import expired as snapshot_expired
 from gridmem.snapshots import snapshot_line
 
 T = TypeVar("T")
+# Where flush's export cursors meet: the middle of the member space ('<uuid>:
+# <channel>', lexical order; avatar keys are random UUIDs). The first cursor
+# exports members up to the first split, the next those after it, and so on.
+# Two cursors took 0.35-0.47 s for 10,000 sessions where one took 0.53-0.66 s;
+# four were no faster than two (docs/benchmarks.md, Snapshots).
+EXPORT_SPLITS = ("7fffffff-ffff-ffff-ffff-ffffffffffff:public",)
 
 log = logging.getLogger("gridmem.store")
 
@@ -495,27 +501,35 @@ class ConversationStore:
     def _snapshot_lines(self) -> Iterator[bytes]:
         """Every live session as one snapshot line, shard by shard, in bounded batches.
 
-        The next batch is asked for (by one helper thread, on a connection of its
-        own) while this batch's lines are built and written: the server's time and
-        ours overlap instead of adding up (docs/benchmarks.md, Snapshots). Only one
-        export call is ever in flight, so the server is never busier than before."""
-        shards = iter(self._ops.keys.all_shards())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gridmem-export") as pool:
+        Two cursors walk each shard's members, one up to EXPORT_SPLITS[0] and one
+        after it, each asking for its next batch (in a helper thread, on a connection of
+        its own) as soon as it has its last one: while the lines of one batch are
+        built and written, the server reads the next, and it has the other
+        cursor's call to run while a reply is on its way. Two calls at most are in
+        flight; each is as short as before (docs/benchmarks.md, Snapshots)."""
+        with ThreadPoolExecutor(
+            max_workers=len(EXPORT_SPLITS) + 1, thread_name_prefix="gridmem-export"
+        ) as pool:
 
             def ask(shard: int, after: str) -> Future[ExportReply]:
                 return pool.submit(self._drive, self._ops.export_batch(shard, after))
 
-            shard = next(shards, None)
-            pending = ask(shard.shard, "") if shard is not None else None
-            while pending is not None and shard is not None:
-                batch = pending.result()
-                if batch.next_after:
-                    pending = ask(shard.shard, batch.next_after)
-                else:  # this shard is done: ask for the next one's first batch
-                    shard = next(shards, None)
-                    pending = ask(shard.shard, "") if shard is not None else None
-                for session in batch.sessions:
-                    yield snapshot_line(session)
+            for shard in self._ops.keys.all_shards():
+                # (the next batch, the last member this cursor exports; None: to the end)
+                bounds = ["", *EXPORT_SPLITS]
+                ends: list[str | None] = [*EXPORT_SPLITS, None]
+                cursors: list[tuple[Future[ExportReply], str | None]] = [
+                    (ask(shard.shard, after), last)
+                    for after, last in zip(bounds, ends, strict=True)
+                ]
+                while cursors:
+                    pending, last = cursors.pop(0)
+                    batch = pending.result()
+                    if batch.next_after and (last is None or batch.next_after < last):
+                        cursors.append((ask(shard.shard, batch.next_after), last))
+                    for session in batch.sessions:
+                        if last is None or session.member <= last:  # after it: the other's
+                            yield snapshot_line(session)
 
     def _restore_newest_valid(self, snapshots: SnapshotDirectory, report: RestoreReport) -> None:
         generations, report.skipped = snapshots.scan()

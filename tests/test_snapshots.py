@@ -1202,7 +1202,8 @@ def test_flush_asks_for_the_next_batch_while_it_builds_lines(
     """Issue 16: the next export call is under way while this batch's lines are built
     and written (server time and ours overlap). Building a line waits (with a
     deadline) for the next call to have started: red if batches are fetched one
-    after another, as before."""
+    after another, as before, or if a cursor asks for its next batch only after
+    building its lines (these sessions are all on the first cursor's side)."""
     import threading
 
     import gridmem.store
@@ -1210,8 +1211,10 @@ def test_flush_asks_for_the_next_batch_while_it_builds_lines(
     store = make()
     _populate(store)
     before = _everything(store)
+    # calls 1 and 2: each cursor's first batch; 3: the first cursor's next one, which
+    # must be under way before that cursor's first batch becomes lines
     second = threading.Event()
-    _count_export_calls(monkeypatch, lambda n: second.set() if n >= 2 else None)
+    _count_export_calls(monkeypatch, lambda n: second.set() if n >= 3 else None)
     real_line = snaps.snapshot_line
 
     def line(session: Any) -> bytes:
@@ -1286,3 +1289,39 @@ def test_a_line_changed_in_place_after_its_check_is_never_restored(
     assert "changed since it was checked" in (report.error or "")
     assert report.sessions_restored == 0
     assert store.context(A, "im") == []
+
+
+@pytest.mark.parametrize("batch", [1, 4])  # 4: a batch of the first cursor straddles the split
+def test_flush_cursors_meet_at_the_split_without_a_gap_or_an_overlap(
+    make: Callable[..., ConversationStore], monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """Flush's export cursors (issue 16) split a shard's members at EXPORT_SPLITS:
+    each session is exported exactly once whichever side it is on, the member at
+    the split itself, its neighbours and both ends included, whatever the batch
+    size. Red if the first cursor stops before the split or the second starts at
+    it (a session lost, or written twice: restore refuses duplicate_session)."""
+    import gridmem.store
+    from gridmem import operations
+
+    [split] = gridmem.store.EXPORT_SPLITS
+    at = split.split(":")[0]
+    uuids = [
+        "00000000-0000-4000-8000-000000000001",
+        at[:-1] + "e",
+        at,
+        "80000000-0000-0000-0000-000000000000",
+        "ffffffff-ffff-ffff-ffff-ffffffffffff",
+    ]
+    store = make()
+    for i, who in enumerate(uuids):
+        for channel in ("im", "public"):
+            store.record(who, channel, AvatarMessage(text=f"{i} {channel}"))
+    monkeypatch.setattr(operations, "EXPORT_BATCH_SESSIONS", batch)
+    info = store.flush()
+    assert info is not None and info.sessions == 10
+    store.redis.flushall()
+    report = store.restore()
+    assert report.quarantined == [] and report.sessions_restored == 10
+    for i, who in enumerate(uuids):
+        for channel in ("im", "public"):
+            assert [m.content for m in store.context(who, channel)] == [f"{i} {channel}"]
