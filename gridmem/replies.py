@@ -210,9 +210,11 @@ class ExportedSession:
     created_ms: int
     active_ms: int
     summary: str
-    entries: list[str]
+    # transcript entries as Redis stores them, UTF-8 bytes, not decoded: a snapshot
+    # carries them verbatim (gridmem/snapshots.py, format 2)
+    entries: list[bytes]
     receipts: dict[str, str]
-    archive: list[list[str]]  # segments of archived entries, oldest first
+    archive: list[list[bytes]]  # segments of archived entries, oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +223,17 @@ class ExportReply:
     sessions: list[ExportedSession]
 
 
-def _split_segments(segments: str, entries: list[str]) -> list[list[str]]:
+def raw_bytes(values: Sequence[Any]) -> list[bytes]:
+    """Each reply element as bytes, whether the client decodes responses or not."""
+    return [v if type(v) is bytes else str(v).encode("utf-8") for v in values]
+
+
+def _split_segments(segments: str, entries: list[bytes]) -> list[list[bytes]]:
     """Group archived entries by the 'first-last-bytes' segment ranges that hold them."""
     grouped = []
     for item in filter(None, segments.split(",")):
         first, last, _ = (int(x) for x in item.split("-"))
-        grouped.append([e for e in entries if first <= int(e.split("|", 1)[0]) <= last])
+        grouped.append([e for e in entries if first <= int(e.split(b"|", 1)[0]) <= last])
     return [segment for segment in grouped if segment]
 
 
@@ -241,9 +248,9 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
                 int(created),
                 int(active),
                 text(summary),
-                texts(entries),
+                raw_bytes(entries),
                 dict(zip(pairs[0::2], pairs[1::2], strict=True)),
-                _split_segments(text(segments), texts(archived)),
+                _split_segments(text(segments), raw_bytes(archived)),
             )
         )
     return ExportReply(text(raw[0]), sessions)

@@ -6,7 +6,8 @@ snapshot directory:
     header   magic, format version, flags, generation, created-at wall ms, boot id,
              payload length, SHA-256 of the payload, SHA-256 of the header so far
              (the checksum), HMAC-SHA256 of the header so far (the signature)
-    payload  one JSON object per line, one session per object
+    payload  one session per line (format 2: a JSON head, then its stored entries
+             verbatim; see FORMAT_VERSION and snapshot_line)
 
 The checksum catches damage (a cut or flipped byte anywhere: the payload's hash
 is in the header). The signature uses a per-installation key (`snapshot.key`,
@@ -88,15 +89,24 @@ from gridmem.redaction import Redactor
 from gridmem.scripts import ExportedSession
 
 MAGIC = b"GRIDMEM\x1a"
-FORMAT_VERSION = 1
-# Older versions this code can read, each with the function that lifts a session
-# line to the current shape. None yet: version 1 is the first.
+# Version 2 (what flush writes) carries each record as the transcript entry Redis
+# stores, verbatim (`<seq>|<at ms>|<session id>|<payload JSON>`, see snapshot_line),
+# so a flush neither decodes nor re-encodes payloads (docs/benchmarks.md, Snapshots).
+# Version 1 spelled each record out as {seq, at_ms, record: {kind, fields}}:
+# SnapshotSession, the shape every version is read into and validated as.
+# Restore reads both.
+FORMAT_VERSION = 2
+RECORDS_VERSION = 1
+ENTRY_SEPARATOR = SEP = b"\x1f"  # between a format-2 line's parts (ASCII unit separator)
+# Versions older than RECORDS_VERSION this code can read, each with the function
+# that lifts a session line one version up. None yet: version 1 is the first.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 # magic, version, flags, generation, created_ms, boot id (padded), payload length, payload sha256
 _FIELDS = struct.Struct(">8sHHQQ64sQ32s")
 HEADER_SIZE = _FIELDS.size + 32 + 32  # + checksum + signature
 SUFFIX = ".snap"
 TEMP_PREFIX = ".tmp-"
+WRITE_CHUNK_BYTES = 256 << 10  # flush writes and hashes its lines this many bytes at a time
 KEY_FILE = "snapshot.key"
 LOCK_FILE = ".lock"
 QUARANTINE = "quarantine"
@@ -292,7 +302,7 @@ def parse_header(
         hmac.new(key, fields + checksum, hashlib.sha256).digest(), signature
     ):
         raise SnapshotInvalid("signature_mismatch", "not signed with this installation's key")
-    known = versions if versions is not None else {FORMAT_VERSION, *MIGRATIONS}
+    known = versions if versions is not None else {FORMAT_VERSION, RECORDS_VERSION, *MIGRATIONS}
     if version not in known:
         raise SnapshotInvalid("unsupported_version", f"format version {version}")
     boot_id = boot.rstrip(b"\0").decode("utf-8", "replace")
@@ -369,7 +379,8 @@ class ValidatedGeneration:
     path: Path
     version: int  # the format version its lines are in
     identity: tuple[int, int] = (0, 0)  # (device, inode) of the file that was checked
-    lines: list[tuple[int, int, int]] = field(default_factory=list)  # (last active, offset, length)
+    # (last active, offset, length, digest of the line's bytes as checked)
+    lines: list[tuple[int, int, int, bytes]] = field(default_factory=list)
 
 
 class SnapshotDirectory:
@@ -552,11 +563,16 @@ class SnapshotDirectory:
                 # a placeholder: the payload's length and hash are known only at the end
                 _write_all(fh, b"\0" * HEADER_SIZE)
                 digest, length = hashlib.sha256(), 0
+                chunk: list[bytes] = []
+                size = 0
                 for line in lines:
-                    _write_all(fh, line)
-                    digest.update(line)
-                    length += len(line)
+                    chunk.append(line)
+                    size += len(line)
                     sessions += 1
+                    if size >= WRITE_CHUNK_BYTES:
+                        length += _write_chunk(fh, digest, chunk)
+                        chunk, size = [], 0
+                length += _write_chunk(fh, digest, chunk)
                 header = Header(
                     FORMAT_VERSION, generation, created_ms, boot_id, length, digest.digest()
                 )
@@ -571,6 +587,10 @@ class SnapshotDirectory:
             with contextlib.suppress(OSError):
                 temp.unlink()
             raise _write_error(exc, "write", final, existing) from None
+        except BaseException:  # the lines failed (a lost connection): no temp file left
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
         self.hook("replaced")
         _fsync_directory(self.directory, self.posix)
         self.prune(keep=generation)
@@ -647,34 +667,48 @@ class SnapshotDirectory:
             if session.member in seen:
                 raise SnapshotInvalid("duplicate_session", "a session appears twice")
             seen.add(session.member)
-            result.lines.append((session.last_active_at_ms, offset, len(line)))
+            result.lines.append((session.last_active_at_ms, offset, len(line), _digest(line)))
             offset += len(line)
         result.lines.sort()
         return result
 
-    def parse_line(self, line: bytes, version: int = FORMAT_VERSION) -> SnapshotSession:
-        """One session line through the models and check_session()."""
+    def parse_line(
+        self, line: bytes, version: int = FORMAT_VERSION, *, checked: bool = False
+    ) -> SnapshotSession:
+        """One session line through the models and check_session() (not `checked`:
+        these very bytes passed it already)."""
         try:
             if version == FORMAT_VERSION:
+                session = SnapshotSession.model_validate(entries_to_records(line))
+            elif version == RECORDS_VERSION:
                 session = SnapshotSession.model_validate_json(line)
             else:
                 data = json.loads(line)
-                for old in range(version, FORMAT_VERSION):
+                for old in range(version, RECORDS_VERSION):
                     data = MIGRATIONS[old](data)
                 session = SnapshotSession.model_validate(data)
         except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
             raise SnapshotInvalid("invalid_session", type(exc).__name__) from None
-        check_session(session, self.limits, self.redactor)
+        if not checked:
+            check_session(session, self.limits, self.redactor)
         return session
 
-    def read_session(self, valid: ValidatedGeneration, offset: int, length: int) -> SnapshotSession:
-        """One session of a validated generation (checked again: it is about to be written)."""
+    def read_session(
+        self, valid: ValidatedGeneration, offset: int, length: int, digest: bytes
+    ) -> SnapshotSession:
+        """One session of a validated generation, about to be written: the very bytes
+        validate() checked (same file, same digest), else OSError ESTALE. Those bytes
+        passed check_session() (redaction included), so it is not run again: that
+        halved restore's Python time (docs/benchmarks.md, Snapshots)."""
         with _open_regular(valid.path) as fh:
             info = os.fstat(fh.fileno())
             if (info.st_dev, info.st_ino) != valid.identity:
                 raise OSError(errno.ESTALE, "replaced since it was checked", str(valid.path))
             fh.seek(offset)
-            return self.parse_line(fh.read(length), valid.version)
+            line = fh.read(length)
+        if not hmac.compare_digest(_digest(line), digest):
+            raise OSError(errno.ESTALE, "changed since it was checked", str(valid.path))
+        return self.parse_line(line, valid.version, checked=True)
 
     def quarantine(self, path: Path, name: str | None = None) -> bool:
         """Move a failed generation aside (bounded: oldest quarantined files go first),
@@ -707,9 +741,18 @@ class SnapshotDirectory:
 
 
 def snapshot_line(session: ExportedSession) -> bytes:
-    """One exported session as a snapshot line (JSON object + newline)."""
+    """One exported session as a snapshot line, format 2 (see FORMAT_VERSION):
+    a JSON object (the session, and how many entries follow: live, then each
+    archive segment's), then each stored entry verbatim, every part after a unit
+    separator (0x1F), then a newline. Neither can occur in a stored entry (JSON
+    escapes control characters; the head is digits and hex) and flush checks it,
+    so no entry can add to the line's structure. Restore decodes and checks every
+    entry (entries_to_records)."""
     uuid, channel = session.member.split(":")
-    data = {
+    mark = f"|{session.session_id}|".encode()
+    entries = [*session.entries, *itertools.chain.from_iterable(session.archive)]
+    _own_entries(entries, mark)
+    head = {
         "avatar_uuid": uuid,
         "channel": channel,
         "session_id": session.session_id,
@@ -719,32 +762,81 @@ def snapshot_line(session: ExportedSession) -> bytes:
         # Its activity is at least its creation (restore refuses the reverse).
         "last_active_at_ms": max(session.active_ms, session.created_ms),
         "summary": session.summary,
-        "records": _line_records(session.entries, session.session_id),
         "receipts": session.receipts,
-        "archive": [_line_records(segment, session.session_id) for segment in session.archive],
+        "entries": len(session.entries),
+        "archive": [len(segment) for segment in session.archive],
     }
-    return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    text = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return ENTRY_SEPARATOR.join([text, *entries]) + b"\n"
 
 
-def _line_records(entries: list[str], session_id: str) -> list[dict[str, Any]]:
-    """Stored transcript entries as a snapshot line's records ({seq, at_ms, record}),
-    checked as codec.decode_entries checks them, without a StoredEntry per record:
-    flush's Python time is mostly this, once per record (docs/benchmarks.md)."""
-    heads, payloads = read_entries(entries, session_id)
+def _own_entries(entries: list[bytes], mark: bytes) -> None:
+    """Every entry is framed as one of this session's (`<seq>|<ms>|<session id>|...`:
+    a store damaged from outside must not put another session's words in this
+    line) and holds neither separator of the line. Payloads are decoded at restore,
+    whole, before anything reaches Redis."""
+    for entry in entries:
+        second = entry.find(b"|", entry.find(b"|") + 1)
+        if second < 0 or not entry.startswith(mark, second) or b"\n" in entry or SEP in entry:
+            raise CorruptRecord("a stored transcript entry cannot be decoded")
+
+
+def entries_to_records(line: bytes) -> dict[str, Any]:
+    """A format-2 line in the records shape (format 1) that SnapshotSession
+    validates: each entry decoded and checked as codec.read_entries checks a stored
+    one (its session ID must be the line's). Raises ValueError, KeyError or TypeError
+    on anything else: counts that do not add up, an entry that is not UTF-8, a
+    non-canonical number, an unknown kind."""
+    head, *entries = line.removesuffix(b"\n").split(ENTRY_SEPARATOR)
+    data = json.loads(head)
+    if type(data) is not dict or "records" in data:
+        raise TypeError("not a format 2 session")
+    live, sizes = data.pop("entries"), data.pop("archive")
+    if type(live) is not int or type(sizes) is not list or any(type(n) is not int for n in sizes):
+        raise TypeError("entry counts are not integers")
+    if min([live, *sizes]) < 0 or live + sum(sizes) != len(entries):
+        raise ValueError("entry counts do not match the entries")
+    session_id = data["session_id"]
+    if type(session_id) is not str:
+        raise TypeError("session_id is not text")
+    texts = [entry.decode("utf-8") for entry in entries]  # UnicodeDecodeError: a ValueError
+    data["records"] = _entry_records(texts[:live], session_id)
+    data["archive"] = []
+    for size in sizes:
+        data["archive"].append(_entry_records(texts[live : live + size], session_id))
+        live += size
+    return data
+
+
+def _entry_records(entries: list[str], session_id: str) -> list[dict[str, Any]]:
     try:
-        return [
-            {
-                "seq": int(head[0]),
-                "at_ms": int(head[1]),
-                "record": {
-                    "kind": (kind := CODE_KIND[payload[0]]),
-                    **dict(zip(FIELD_NAMES[kind], payload[1:], strict=True)),
-                },
-            }
-            for head, payload in zip(heads, payloads, strict=True)
-        ]
-    except ValueError:
-        raise CorruptRecord("a stored transcript entry cannot be decoded") from None
+        heads, payloads = read_entries(entries, session_id)
+    except CorruptRecord:
+        raise ValueError("an entry cannot be decoded") from None
+    return [
+        {
+            "seq": _canonical_int(head[0]),
+            "at_ms": _canonical_int(head[1]),
+            "record": {
+                "kind": (kind := CODE_KIND[payload[0]]),
+                **dict(zip(FIELD_NAMES[kind], payload[1:], strict=True)),
+            },
+        }
+        for head, payload in zip(heads, payloads, strict=True)
+    ]
+
+
+def _canonical_int(text: str) -> int:
+    """An entry's number as Lua wrote it: ASCII digits, no sign, no leading zero
+    (int() would also take ' 7', '+7', '1_0' and other scripts' digits)."""
+    if not (text.isascii() and text.isdigit()) or (text[0] == "0" and len(text) > 1):
+        raise ValueError("not a canonical number")
+    return int(text)
+
+
+def _digest(line: bytes) -> bytes:
+    """What read_session() compares a line with: the line validate() checked."""
+    return hashlib.blake2b(line, digest_size=16).digest()
 
 
 def age_ms(last_active_ms: int, now_wall_ms: int) -> int:
@@ -755,6 +847,16 @@ def age_ms(last_active_ms: int, now_wall_ms: int) -> int:
 def expired(session: SnapshotSession, now_wall_ms: int) -> bool:
     ttl = CHANNEL_TTL_MS[Channel(session.channel)]
     return age_ms(session.last_active_at_ms, now_wall_ms) >= ttl
+
+
+def _write_chunk(fh: IO[bytes], digest: Any, lines: list[bytes]) -> int:
+    """Write and hash lines as one block (a write and a hash update per line gave up
+    and took back the GIL the export threads want, a few thousand times a flush)."""
+    data = b"".join(lines)
+    if data:
+        _write_all(fh, data)
+        digest.update(data)
+    return len(data)
 
 
 def _write_all(fh: IO[bytes], data: bytes) -> None:
