@@ -78,6 +78,7 @@ from gridmem.config import WorkerSettings
 from gridmem.errors import InputTooLarge
 from gridmem.errors import InvalidInput
 from gridmem.errors import NoConsumerGroup
+from gridmem.errors import StoreClosed
 from gridmem.executor import RETRYABLE
 from gridmem.executor import Unblocked
 from gridmem.executor import slot_of
@@ -443,7 +444,9 @@ class Worker:
             while step.state == "ok":
                 step, resume = await self._step(key, step, resume)
         finally:
-            renewer.cancel()
+            renewer.cancel()  # and awaited: a renewal still out must not outlive the store
+            with contextlib.suppress(asyncio.CancelledError, *RETRYABLE, StoreClosed):
+                await renewer
 
     async def _step(self, key: Key, step: KeyStep, resume: str) -> tuple[KeyStep, str]:
         """Settle the key's head entry, then hand over the next one.
