@@ -199,9 +199,17 @@ def test_the_worker_sends_a_context_sized_to_the_window() -> None:
         chat = CapturingChat()
         worker = Worker(store, chat, settings, name="w-budget")
         # And a conversation of 40 turns of 50 bytes, far over the window
-        for i in range(40):
+        for i in range(39):
             await store.record(resident, "im", AvatarMessage(text=f"{i:02d}" + "x" * 48))
-        await worker._ask(resident, "im", None)
+        # the 40th arrives: the worker records it and reads the context in one call
+        _, context = await store.record_and_context(
+            resident,
+            "im",
+            AvatarMessage(text="39" + "x" * 48),
+            max_tokens=worker.budget.max_tokens,
+            count_tokens=worker.budget.count_tokens,
+        )
+        await worker._ask(context, None)
         await store.aclose()
         return chat.sent[0]
 
