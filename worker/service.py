@@ -841,6 +841,13 @@ async def _serve(settings: Settings, url: str) -> None:
     try:
         await worker.run()
     finally:
+        # Stopped: a late signal (the supervisor's SIGTERM after the terminal's SIGINT)
+        # is ignored from here on. Left to asyncio, one landing while the loop closes
+        # wrote to its closed wakeup fd ("Exception ignored ... Bad file descriptor" on
+        # Ctrl-C). The supervisor's immediate stop is SIGKILL, which no handler sees.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
         await chat.aclose()
         await store.aclose()
         log.info("worker %s stopped: %s", worker.name, dict(worker.stats))
