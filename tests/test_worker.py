@@ -797,6 +797,16 @@ def test_the_gate_lets_ordinary_entries_run_together_and_a_suspect_alone() -> No
     go(scenario())
 
 
+async def _until(check: Callable[[], bool]) -> None:
+    """Let the event loop run until `check` holds (tasks reaching their waits), with a
+    bound: no time passes, only other tasks' steps."""
+    for _ in range(1000):
+        if check():
+            return
+        await asyncio.sleep(0)  # one step of the other tasks, not a wait for time
+    raise AssertionError("never held")
+
+
 def test_the_gate_reserves_a_slot_for_a_claim_as_it_gives_one_to_an_attempt() -> None:
     """Issue 16: a claim begins its first attempt in a slot reserved before it is sent
     (Gate.reserve): never beyond the slots, nor while a suspect waits or runs, so a
@@ -809,8 +819,7 @@ def test_the_gate_reserves_a_slot_for_a_claim_as_it_gives_one_to_an_attempt() ->
         await gate.reserve()
         await gate.reserve()
         third = asyncio.create_task(gate.reserve())
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await _until(lambda: gate.waiting == (1, 0))
         assert not third.done() and gate.busy == (2, False)  # full: it waits
         await gate.unreserve()  # a claim that began nothing gives its slot back
         await third
@@ -831,11 +840,9 @@ def test_the_gate_reserves_a_slot_for_a_claim_as_it_gives_one_to_an_attempt() ->
             pass
         assert gate.busy == (1, False)  # one slot held, one free
         alone = asyncio.create_task(suspect())  # waits for the held slot to drain
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await _until(lambda: gate.waiting == (0, 1))
         late = asyncio.create_task(claim())  # a slot is free, but a suspect waits: after it
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await _until(lambda: gate.waiting == (1, 1))
         assert order == []
         await gate.unreserve()
         await asyncio.gather(alone, late)

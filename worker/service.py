@@ -170,6 +170,7 @@ class Gate:
         self._running = 0
         self._alone = False
         self._waiting_alone = 0
+        self._waiting_shared = 0
         self._changed = asyncio.Condition()
 
     async def reserve(self) -> None:
@@ -177,7 +178,11 @@ class Gate:
         caller begins in the same round trip as its claim: it then runs the attempt in
         `shared(reserved=True)`, or gives the slot back (`unreserve`)."""
         async with self._changed:
-            await self._changed.wait_for(self._free)
+            self._waiting_shared += 1
+            try:
+                await self._changed.wait_for(self._free)
+            finally:
+                self._waiting_shared -= 1
             self._running += 1
 
     async def unreserve(self) -> None:
@@ -219,6 +224,11 @@ class Gate:
     def busy(self) -> tuple[int, bool]:
         """(ordinary entries running, whether a suspect runs alone): for tests."""
         return self._running, self._alone
+
+    @property
+    def waiting(self) -> tuple[int, int]:
+        """(ordinary entries waiting for a slot, suspects waiting): for tests."""
+        return self._waiting_shared, self._waiting_alone
 
 
 def settings_clock(settings: WorkerSettings) -> Clock:
