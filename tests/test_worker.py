@@ -784,11 +784,10 @@ def test_the_gate_lets_ordinary_entries_run_together_and_a_suspect_alone() -> No
                 log.append(("suspect", *gate.busy))
 
         first = [asyncio.create_task(ordinary(n)) for n in ("a", "b")]
-        await asyncio.sleep(0)
+        await _until(lambda: gate.busy == (2, False))
         alone = asyncio.create_task(suspect())
         late = asyncio.create_task(ordinary("c"))  # arrives while the suspect waits
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await _until(lambda: gate.waiting == (1, 1))
         assert [entry[0] for entry in log] == ["a", "b"]  # the gate is full; both wait
         release.set()
         await asyncio.gather(*first, alone, late)
