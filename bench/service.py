@@ -26,8 +26,9 @@ Tables (issue 16):
 - paced: messages sent at 0.8 x the measured ceiling of C = 1,024 (L = 2 s, or
   0.5 s with --quick): p99 (target <= L + 1 s).
 - offline responder (no endpoint: CPU only, the CPU ceiling) for 1 and 2
-  processes; with --base DIR also the same rows of the checkout in DIR (run by
-  its own bench/service.py, back to back) and the ratios.
+  processes; with --base DIR also those rows of this checkout and of the one in
+  DIR (each by its own bench/service.py's run_case, in a process of its own),
+  alternating row by row for --rounds rounds, each pair's ratio and the medians.
 """
 
 from __future__ import annotations
@@ -394,24 +395,46 @@ def run_case(
     }
 
 
-def base_offline(base: Path, messages: int) -> tuple[float, float]:
-    """The offline rows of the checkout in `base`, by its own bench, back to back."""
-    env = {**os.environ, "PYTHONPATH": str(base)}
+def offline_rate(checkout: Path, processes: int, messages: int, avatars: int) -> float:
+    """One offline row (no endpoint) of the checkout in `checkout`, by that checkout's
+    own bench/service.py `run_case` in a process of its own: messages/s."""
+    code = (
+        "import runpy; m = runpy.run_path('bench/service.py', run_name='bench'); "
+        f"print(m['run_case']({processes}, {messages}, {avatars}, None)['rate'])"
+    )
     out = subprocess.run(
-        [sys.executable, str(base / "bench" / "service.py"), "--messages", str(messages)],
-        cwd=base,
-        env=env,
+        [sys.executable, "-c", code],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    rates = [
-        float(
-            re.search(rf"offline responder, {n} process(?:es)?\s+([\d,]+)", out)[1].replace(",", "")
-        )  # type: ignore[index]
-        for n in (1, 2)
-    ]
-    return rates[0], rates[1]
+    return float(out.split()[-1])
+
+
+def against_base(base: Path, messages: int, avatars: int, rounds: int) -> None:
+    """The offline rows of this checkout and of `base`, alternating row by row (who goes
+    first swaps each round, so the machine's drift falls on both): each pair's ratio,
+    and their median. Every row runs in a fresh process of its own checkout."""
+    print(f"\noffline responder, this checkout against {base}, {rounds} alternating rounds")
+    print(f"{'round':>5} {'processes':>9} {'this msgs/s':>11} {'base msgs/s':>11} {'this/base':>9}")
+    ratios: dict[int, list[float]] = {1: [], 2: []}
+    for n in range(rounds):
+        for processes in (1, 2):
+            sides = [ROOT, base] if n % 2 == 0 else [base, ROOT]
+            rate = {side: offline_rate(side, processes, messages, avatars) for side in sides}
+            ratios[processes].append(rate[ROOT] / rate[base])
+            print(
+                f"{n + 1:>5} {processes:>9} {rate[ROOT]:>11,.0f} {rate[base]:>11,.0f}"
+                f" {ratios[processes][-1]:>9.2f}",
+                flush=True,
+            )
+    for processes, found in ratios.items():
+        print(
+            f"this / base, {processes} process{'es' if processes > 1 else ''}: median"
+            f" {statistics.median(found):.2f}x (rounds {min(found):.2f} .. {max(found):.2f})"
+        )
 
 
 Grid = list[tuple[float, int, dict[str, tuple[float, float]], dict[str, float]]]
@@ -506,6 +529,9 @@ def main() -> None:
     parser.add_argument("--base", type=Path, help="a checkout to compare the offline rows with")
     parser.add_argument("--no-grid", action="store_true", help="offline rows only")
     parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds against --base (default 3)"
+    )
+    parser.add_argument(
         "--clients", action="store_true", help="the HTTP client comparison only (issue 16)"
     )
     parser.add_argument(
@@ -539,7 +565,6 @@ def main() -> None:
     grid, paced = ([], None) if args.no_grid else run_grid(latencies, concurrencies, args.quick)
     one = run_case(1, args.messages, args.avatars, None)
     two = run_case(2, args.messages, args.avatars, None)
-    base_rates = base_offline(args.base, args.messages) if args.base else None
 
     print_grid(grid, paced)
     burst = f"{args.messages:,} messages over {args.avatars} avatars x 2 channels, one burst"
@@ -552,14 +577,8 @@ def main() -> None:
             f"{name:<32} {r['rate']:>11,.0f} {r['p50']:>9,.0f} {r['p99']:>9,.0f} {r['commands']:>9.1f} {r['round_trips']:>9.1f}"
         )
     print(f"scaling 2 processes / 1 process: {two['rate'] / one['rate']:.2f}")
-    if base_rates:
-        print(
-            f"\nbase {args.base}: 1 process {base_rates[0]:,.0f}, 2 processes {base_rates[1]:,.0f}"
-        )
-        print(
-            f"this / base: 1 process {one['rate'] / base_rates[0]:.2f}x,"
-            f" 2 processes {two['rate'] / base_rates[1]:.2f}x"
-        )
+    if args.base:
+        against_base(args.base, args.messages, args.avatars, args.rounds)
 
 
 if __name__ == "__main__":

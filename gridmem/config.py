@@ -388,7 +388,8 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     processes: int = Field(default=2, ge=1, le=64)
-    # Conversations answered at once per process (each holds one LLM call). 256 from
+    # LLM calls in flight per process (twice as many entries in hand: the next wave
+    # is recorded and read while a wave of calls is out). 256 from
     # bench/service.py's L x C grid (docs/benchmarks.md, issue 16): at a 2 s model
     # 5-6x the messages/s of 32, p99 2.1 s paced at 0.8 of its ceiling, about 30-60
     # KiB per conversation; above it one process's CPU is the bound (about 400

@@ -850,6 +850,61 @@ def test_the_gate_reserves_a_slot_for_a_claim_as_it_gives_one_to_an_attempt() ->
     go(scenario())
 
 
+class HeldChat(ScriptedChat):
+    """A ScriptedChat whose calls wait until `release` is set; it counts the calls in
+    flight and the most of them at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def complete(self, messages: list[Message]) -> str:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await self.release.wait()
+            return await super().complete(messages)
+        finally:
+            self.in_flight -= 1
+
+
+def test_concurrency_bounds_the_llm_calls_and_the_next_wave_waits_ready(
+    new_client: Callable[[], Any],
+) -> None:
+    """Issue 16: `worker.concurrency` calls in flight, never more; meanwhile up to as
+    many entries again are recorded with their contexts read, waiting only for a call,
+    so a call that returns is replaced at once instead of after the next entry's
+    Redis work (the Little's-law loss at C = 256: waves of calls)."""
+
+    async def scenario() -> None:
+        chat = HeldChat()
+        async with running(new_client, chat, concurrency=3) as run:
+            # Given 9 residents' messages, each its own key, while the model holds calls
+            ids = [await run.send(who, f"hello {who}") for who in range(9)]
+
+            async def recorded() -> int:
+                found = 0
+                for who in range(9):
+                    found += bool(await run.store.context(avatar(who), "im"))
+                return found
+
+            async def six_ready() -> bool:
+                return chat.in_flight >= 3 and await recorded() >= 6
+
+            # Then 3 calls are out, 6 entries recorded (3 of them waiting for a call),
+            # and the last 3 keys wait for an entry slot: nothing of theirs stored
+            await run.until(six_ready, "six entries recorded")
+            assert chat.in_flight == 3 and await recorded() == 6
+            # When the model answers, every message is answered, 3 calls at most at once
+            chat.release.set()
+            await run.answered(*ids)
+            assert chat.most_in_flight == 3 and len(chat.asked) == 9
+
+    go(scenario())
+
+
 def test_a_trickling_or_malformed_llm_answer_gives_the_failure_notice_and_the_key_goes_on(
     new_client: Callable[[], Any], caplog: pytest.LogCaptureFixture
 ) -> None:
