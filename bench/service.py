@@ -18,8 +18,9 @@ Tables (issue 16):
   latency L and C requests in flight: requests/s against C / L. It shows the
   endpoint is not what bounds the rows below.
 - the L x C grid: one process at concurrency C against that endpoint, 2 x C
-  avatars (half public, half IM), a burst of `rounds` x C messages: messages/s
-  against C / L (target >= 0.9), RSS growth of the worker per conversation in
+  avatars (half public, half IM), a burst of `rounds` x C messages (8 at L < 1 s,
+  else 6): messages/s against C / L (target >= 0.9), for the whole burst and
+  steady (between its first C replies and its last C: no ramp, no tail), RSS growth of the worker per conversation in
   flight (peak minus idle, over C; target <= 64 KiB), p50/p99, and Redis commands
   per answered message (INFO commandstats before and after, the bench's own
   commands taken off).
@@ -301,11 +302,12 @@ def send(url: str, messages: int, avatars: int, pace: float | None, sent: dict[s
 
 def collect(
     client: Any, sent: dict[str, float], messages: int, on_read: Any, label: str
-) -> tuple[list[float], float, int]:
-    """Every reply's latency, the time of the last one, and the XREADs it took."""
+) -> tuple[list[float], list[float], int]:
+    """Every reply's latency, the times they arrived, and the XREADs it took."""
     latencies: list[float] = []
+    arrivals: list[float] = []
     early: dict[str, float] = {}  # replies read before the sender noted their entry
-    cursor, last, reads, start = "0-0", 0.0, 0, time.perf_counter()
+    cursor, reads, start = "0-0", 0, time.perf_counter()
     with step(sys.stderr, label, messages) as bar:
         while len(latencies) < messages:
             found = client.xread({"gm:outbound": cursor}, count=1000, block=500)
@@ -317,12 +319,22 @@ def collect(
                     early[fields["in_reply_to"]] = now
             for entry_id in [e for e in early if e in sent]:
                 latencies.append(early[entry_id] - sent.pop(entry_id))
-                last = max(last, early.pop(entry_id))
+                arrivals.append(early.pop(entry_id))
             on_read(reads)
             bar(len(latencies))
             if now - start > 600:
                 raise RuntimeError("too slow: gave up after 600 s")
-    return latencies, last, reads
+    return latencies, sorted(arrivals), reads
+
+
+def steady_rate(arrivals: list[float], concurrency: int) -> float:
+    """Messages/s between the first C replies and the last C (0 if the run is too short
+    for a middle): a burst's rate without its first wave's ramp (C entries taken,
+    claimed and recorded before their calls go out) and its last wave's tail."""
+    middle = len(arrivals) - 2 * concurrency
+    if middle <= 0:
+        return 0.0
+    return middle / (arrivals[-concurrency - 1] - arrivals[concurrency - 1])
 
 
 def run_case(
@@ -365,7 +377,7 @@ def run_case(
         sender = threading.Thread(target=send, args=args, daemon=True)
         sender.start()
         label = f"{processes}p C={concurrency}"
-        latencies, last, reads = collect(client, sent, messages, sample, label)
+        latencies, arrivals, reads = collect(client, sent, messages, sample, label)
         sender.join()
         reads_after = reads_processed(client)
         after = commands(client)
@@ -385,7 +397,8 @@ def run_case(
     ordered = sorted(latencies)
     return {
         "round_trips": trips / messages,
-        "rate": messages / (last - start),
+        "rate": messages / (arrivals[-1] - start),
+        "steady": steady_rate(arrivals, concurrency),
         "p50": statistics.median(ordered) * 1000,
         "p99": ordered[int(0.99 * (len(ordered) - 1))] * 1000,
         "rss_per_conversation": (peak_rss - idle_rss) / concurrency,
@@ -446,7 +459,7 @@ def run_grid(
     """The yardstick and service rows of every (L, C), then the paced run."""
     grid: Grid = []
     for delay in latencies:
-        rounds = (4 if quick else 8) if delay < 1 else 3
+        rounds = (4 if quick else 8) if delay < 1 else 6
         for c in concurrencies:
             stick = yardstick(delay, c, 3)
             with Endpoint(delay) as endpoint:
@@ -483,7 +496,7 @@ def one_row(case: str | None, paced: str | None) -> None:
     kind = f"paced at {pace:,.0f}/s" if pace else f"burst of {messages:,}"
     print(
         f"L = {delay} s, C = {c}, {kind}: {r['rate']:,.0f} messages/s"
-        f" ({r['rate'] / (c / delay):.2f} x C/L), p50 {r['p50']:,.0f} ms, p99 {r['p99']:,.0f} ms,"
+        f" ({r['rate'] / (c / delay):.2f} x C/L; steady {r['steady'] / (c / delay):.2f}), p50 {r['p50']:,.0f} ms, p99 {r['p99']:,.0f} ms,"
         f" RSS/conv {r['rss_per_conversation'] / 1024:.1f} KiB, worker CPU {r['cpu']:.2f};"
         f" load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
     )
@@ -503,12 +516,15 @@ def print_grid(grid: Grid, paced: dict[str, float] | None) -> None:
             print(
                 f"{delay:>5} {c:>6} {stick['raw'][0] * c / delay:>11,.0f} {c / delay:>7,.0f} {stick['raw'][0]:>6.2f} {stick['worker.llm'][0]:>24.2f}"
             )
-        print("\nL x C: 1 worker process, concurrency C, 2 x C avatars, one burst")
-        head = f"{'L s':>5} {'C':>6} {'msgs/s':>8} {'C/L':>7} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} {'RSS/conv KiB':>13} {'cmds/msg':>9} {'trips/msg':>9} {'worker CPU':>10}"
+        print("\nL x C: 1 worker process, concurrency C, 2 x C avatars, one burst; ratio: the")
+        print(
+            "burst's messages/s over C / L; steady: the same between its first and last C replies"
+        )
+        head = f"{'L s':>5} {'C':>6} {'msgs/s':>8} {'C/L':>7} {'ratio':>6} {'steady':>6} {'p50 ms':>8} {'p99 ms':>8} {'RSS/conv KiB':>13} {'cmds/msg':>9} {'trips/msg':>9} {'worker CPU':>10}"
         print(head)
         for delay, c, _, r in grid:
             print(
-                f"{delay:>5} {c:>6} {r['rate']:>8,.0f} {c / delay:>7,.0f} {r['rate'] / (c / delay):>6.2f}"
+                f"{delay:>5} {c:>6} {r['rate']:>8,.0f} {c / delay:>7,.0f} {r['rate'] / (c / delay):>6.2f} {r['steady'] / (c / delay):>6.2f}"
                 f" {r['p50']:>8,.0f} {r['p99']:>8,.0f} {r['rss_per_conversation'] / 1024:>13,.1f} {r['commands']:>9.1f} {r['round_trips']:>9.1f} {r['cpu']:>10.2f}"
             )
     if paced:
