@@ -56,7 +56,9 @@ A closed executor refuses every call with StoreClosed before a command is sent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable
 from collections.abc import Callable
 from typing import Any
@@ -598,7 +600,9 @@ class AsyncExecutor:
     Its single-node MULTI/EXEC goes through redis-py's pipeline: the service is not
     bound by a read's Python cost (an LLM call follows every one). On a cluster it
     is written to a connection of the slot's primary (redis-py's cluster pipeline
-    would do it on a throwaway event loop).
+    would do it on a throwaway event loop). An FCALL and a chained call are written
+    and read raw on a connection of the one server (of the slot's primary): the
+    service's every message makes three (issue 16).
     """
 
     def __init__(self, client: AsyncClient, *, durability: Durability = "none") -> None:
@@ -687,13 +691,20 @@ class AsyncExecutor:
         command = fcall_command(call)
         if self.cluster is not None:
             return await self._fcall_cluster(self.cluster, call, command)
-        try:
-            return await self._send(*command)
-        except redis.ResponseError as exc:
-            if not is_function_missing(exc):
-                raise
-            await self._load(call, self._send)
-            return await self._send(*command)
+        return await self._on_connection(0, lambda conn: self._fcall_on(conn, call, command))
+
+    async def _fcall_on(self, conn: Any, call: ScriptCall[Any], command: tuple[Any, ...]) -> Any:
+        """The FCALL on a connection of the one server, written and read raw as a chain
+        is (_pipelined): redis-py's execute_command costs a third more CPU a call (its
+        retry wrapper, timings, reply callbacks; FCALL has none), and every message
+        of the service makes one (issue 16)."""
+        [reply] = await self._pipelined(conn, [command])
+        if isinstance(reply, redis.ResponseError) and is_function_missing(reply):
+            await self._load(call, _connection_sender(conn))
+            [reply] = await self._pipelined(conn, [command])
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        return reply
 
     async def _fcall_cluster(
         self, cluster: async_cluster.RedisCluster, call: ScriptCall[Any], command: tuple[Any, ...]
@@ -813,16 +824,25 @@ class AsyncExecutor:
 
     @staticmethod
     async def _pipelined(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """As Executor._pipelined, on a connection the caller holds."""
+        """As Executor._pipelined, on a connection the caller holds.
+
+        The replies are read under one deadline, the connection's socket timeout, not
+        one each (redis-py's per-read default: a timer scheduled and cancelled per
+        reply was 7% of a worker's CPU, issue 16); `timeout=math.inf` is redis-py's
+        way to read with none of its own."""
         packed = b"".join([hiredis.pack_command(c) for c in commands])
         try:
             await conn.send_packed_command([packed])
             replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await conn.read_response())
-                except redis.ResponseError as error:
-                    replies.append(error)
+            async with asyncio.timeout(conn.socket_timeout):
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response(timeout=math.inf))
+                    except redis.ResponseError as error:
+                        replies.append(error)
+        except TimeoutError:  # the deadline above, as redis-py's own read timeout says it
+            await conn.disconnect()
+            raise redis.TimeoutError("timeout reading a pipeline's replies") from None
         except BaseException:
             await conn.disconnect()  # dropped, never reused with replies unread
             raise

@@ -121,7 +121,7 @@ def connect_async(
     pool = redis_async.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, retry=retry, **kwargs
     )
-    return redis_async.Redis(connection_pool=pool)
+    return redis_async.Redis.from_pool(pool)  # the client owns it: aclose() closes it too
 
 
 def connect_cluster(url: str, **kwargs: Any) -> redis.cluster.RedisCluster:

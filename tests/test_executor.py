@@ -254,21 +254,25 @@ def _async_client_like(redis: Any) -> Any:
 
 
 def _cut_once(executor: Any) -> None:
-    """The executor's next pipelined write runs on the server, then its connection is
-    cut before the reply is read (a ConnectionError); later ones go through."""
+    """The executor's next pipelined MULTI (a chained call's write) runs on the server,
+    then its connection is cut before the reply is read (a ConnectionError); later
+    ones, and pipelined FCALLs of their own, go through."""
     import redis as redis_py
 
     pipelined, cuts = executor._pipelined, []
 
-    async def cutting_async(*args: Any) -> Any:
-        if not cuts:
+    def chained(commands: list[tuple[Any, ...]]) -> bool:
+        return commands[0][0] == "MULTI"
+
+    async def cutting_async(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
+        if not cuts and chained(commands):
             cuts.append(1)
-            await pipelined(*args)
+            await pipelined(conn, commands)
             raise redis_py.ConnectionError("cut")
-        return await pipelined(*args)
+        return await pipelined(conn, commands)
 
     def cutting(*args: Any) -> Any:
-        if not cuts:
+        if not cuts and chained(args[-1]):
             cuts.append(1)
             pipelined(*args)
             raise redis_py.ConnectionError("cut")
@@ -311,3 +315,42 @@ def test_a_chained_call_is_resent_after_a_connection_fault_only_if_idempotent(
             receipt, context = send()
             assert receipt.duplicate and len(context) == 1  # the resend found it stored
         assert len(sync.read_page(who, "im").turns) == 1  # stored once, resent or not
+
+
+@pytest.mark.real
+def test_a_pipeline_read_past_the_socket_timeout_raises_and_drops_its_connection(
+    real_redis: Any,
+) -> None:
+    """Issue 16: the async executor reads a pipeline's replies under one deadline (the
+    socket timeout), not one per reply. Past it: redis.TimeoutError (retryable), and
+    the connection is dropped, so the next call on the pool's only connection gets
+    its own reply, not the late one of the cut pipeline."""
+    import redis as redis_py
+
+    from gridmem.store import connect_async
+
+    where = real_redis.connection_pool.connection_kwargs["path"]
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        client = connect_async(f"unix://{where}", max_connections=1, socket_timeout=0.2)
+        executor = AsyncExecutor(client)
+        try:
+            with pytest.raises(redis_py.TimeoutError):
+                # the first reply comes at once, the second after 1 s: past the deadline
+                await executor._on_connection(
+                    0,
+                    lambda c: executor._pipelined(c, [("SET", "k", "v"), ("BLPOP", "nothing", 1)]),
+                )
+            after = await executor._on_connection(
+                0, lambda c: executor._pipelined(c, [("GET", "k"), ("ECHO", "mine")])
+            )
+            quick = await executor._on_connection(
+                0, lambda c: executor._pipelined(c, [("BLPOP", "nothing", "0.05")])
+            )
+            return after, quick
+        finally:
+            await executor.aclose()
+
+    after, quick = asyncio.run(run())
+    assert after == [b"v", b"mine"]
+    assert quick == [None]  # a wait inside the deadline is no timeout
