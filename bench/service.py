@@ -29,7 +29,9 @@ Tables (issue 16):
 - offline responder (no endpoint: CPU only, the CPU ceiling) for 1 and 2
   processes; with --base DIR also those rows of this checkout and of the one in
   DIR (each by its own bench/service.py's run_case, in a process of its own),
-  alternating row by row for --rounds rounds, each pair's ratio and the medians.
+  alternating row by row for --rounds rounds, each pair's ratio of messages/s and
+  of the workers' CPU per message (their rusage; the machine's load moves it far
+  less), and the medians.
 """
 
 from __future__ import annotations
@@ -408,12 +410,19 @@ def run_case(
     }
 
 
-def offline_rate(checkout: Path, processes: int, messages: int, avatars: int) -> float:
+def offline_rate(
+    checkout: Path, processes: int, messages: int, avatars: int
+) -> tuple[float, float]:
     """One offline row (no endpoint) of the checkout in `checkout`, by that checkout's
-    own bench/service.py `run_case` in a process of its own: messages/s."""
+    own bench/service.py `run_case` in a process of its own: messages/s, and the
+    worker processes' CPU per message in microseconds (their rusage: the workers are
+    that process's children, Valkey is not), which the machine's other load moves far
+    less than the rate."""
     code = (
-        "import runpy; m = runpy.run_path('bench/service.py', run_name='bench'); "
-        f"print(m['run_case']({processes}, {messages}, {avatars}, None)['rate'])"
+        "import resource, runpy; m = runpy.run_path('bench/service.py', run_name='bench'); "
+        f"rate = m['run_case']({processes}, {messages}, {avatars}, None)['rate']; "
+        "used = resource.getrusage(resource.RUSAGE_CHILDREN); "
+        f"print(rate, (used.ru_utime + used.ru_stime) / {messages} * 1e6)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -423,30 +432,42 @@ def offline_rate(checkout: Path, processes: int, messages: int, avatars: int) ->
         text=True,
         check=True,
     ).stdout
-    return float(out.split()[-1])
+    rate, cpu = out.split()[-2:]
+    return float(rate), float(cpu)
 
 
 def against_base(base: Path, messages: int, avatars: int, rounds: int) -> None:
     """The offline rows of this checkout and of `base`, alternating row by row (who goes
-    first swaps each round, so the machine's drift falls on both): each pair's ratio,
-    and their median. Every row runs in a fresh process of its own checkout."""
+    first swaps each round, so the machine's drift falls on both): each pair's ratio
+    of messages/s and of worker CPU per message (base over this: above 1 is less CPU
+    here), and their medians. Every row runs in a fresh process of its own checkout."""
     print(f"\noffline responder, this checkout against {base}, {rounds} alternating rounds")
-    print(f"{'round':>5} {'processes':>9} {'this msgs/s':>11} {'base msgs/s':>11} {'this/base':>9}")
+    print(
+        f"{'round':>5} {'processes':>9} {'this msgs/s':>11} {'base msgs/s':>11} {'this/base':>9}"
+        f" {'this CPU us/msg':>15} {'base CPU us/msg':>15} {'base/this':>9}"
+    )
     ratios: dict[int, list[float]] = {1: [], 2: []}
+    cpu_ratios: dict[int, list[float]] = {1: [], 2: []}
     for n in range(rounds):
         for processes in (1, 2):
             sides = [ROOT, base] if n % 2 == 0 else [base, ROOT]
-            rate = {side: offline_rate(side, processes, messages, avatars) for side in sides}
-            ratios[processes].append(rate[ROOT] / rate[base])
+            row = {side: offline_rate(side, processes, messages, avatars) for side in sides}
+            (rate, cpu), (base_rate, base_cpu) = row[ROOT], row[base]
+            ratios[processes].append(rate / base_rate)
+            cpu_ratios[processes].append(base_cpu / cpu)
             print(
-                f"{n + 1:>5} {processes:>9} {rate[ROOT]:>11,.0f} {rate[base]:>11,.0f}"
-                f" {ratios[processes][-1]:>9.2f}",
+                f"{n + 1:>5} {processes:>9} {rate:>11,.0f} {base_rate:>11,.0f}"
+                f" {ratios[processes][-1]:>9.2f} {cpu:>15,.0f} {base_cpu:>15,.0f}"
+                f" {cpu_ratios[processes][-1]:>9.2f}",
                 flush=True,
             )
     for processes, found in ratios.items():
+        cpu_found = cpu_ratios[processes]
         print(
-            f"this / base, {processes} process{'es' if processes > 1 else ''}: median"
-            f" {statistics.median(found):.2f}x (rounds {min(found):.2f} .. {max(found):.2f})"
+            f"this / base, {processes} process{'es' if processes > 1 else ''}: messages/s median"
+            f" {statistics.median(found):.2f}x (rounds {min(found):.2f} .. {max(found):.2f});"
+            f" worker CPU per message, base / this: median {statistics.median(cpu_found):.2f}x"
+            f" ({min(cpu_found):.2f} .. {max(cpu_found):.2f})"
         )
 
 
