@@ -70,17 +70,34 @@ function Args:member(name, raw)
   return raw, uuid, channel
 end
 
+-- The last limits packet that parsed whole, and its table. A store sends the same
+-- packet with every call, and parsing is a pure function of the packet, so the parse
+-- is kept from one call to the next (a function library keeps its file-level locals):
+-- a call with that exact packet reads the table instead of parsing it again. A packet
+-- with a bad field is never kept, so every call with one fails as before. No script
+-- writes into a limits table (it is shared by the calls that send that packet).
+local limits_packet, limits_table = nil, nil
+
 -- The limits packet: comma-separated integers >= 0, LIMIT_FIELDS (prelude) in order.
 function Args:limits(name, raw)
-  local limits, i = {}, 0
+  if raw ~= nil and raw == limits_packet then return limits_table end
+  local limits, i, whole = {}, 0, true
   for part in string.gmatch(raw or '', '[^,]+') do
     i = i + 1
-    if LIMIT_FIELDS[i] == nil then break end
-    limits[LIMIT_FIELDS[i]] = self:int(name .. '.' .. LIMIT_FIELDS[i], part, 0)
+    local field = LIMIT_FIELDS[i]
+    if field == nil then break end
+    local n = tonumber(part)
+    if n == nil or n ~= math.floor(n) or n < 0 then
+      self:fail(name .. '.' .. field)  -- the name is built only for a bad field
+      n, whole = 0, false
+    end
+    limits[field] = n
   end
   if i ~= #LIMIT_FIELDS then
     self:fail(name)
     for _, field in ipairs(LIMIT_FIELDS) do limits[field] = limits[field] or 0 end
+  elseif whole then
+    limits_packet, limits_table = raw, limits
   end
   return limits
 end
@@ -108,13 +125,14 @@ end
 function Args:shard_keys(raw, with_session)
   local named, first = {}, 0
   if with_session then
-    named.own = {}
-    for i, part in ipairs(SESSION_PARTS) do
-      named[part], named.own[i] = raw[i], raw[i]
+    local own = {}
+    for i = 1, #SESSION_PARTS do
+      local key = raw[i]
+      named[SESSION_PARTS[i]], own[i] = key, key
     end
-    first = #SESSION_PARTS
+    named.own, first = own, #SESSION_PARTS
   end
-  for i, part in ipairs(SHARD_PARTS) do named[part] = raw[first + i] end
+  for i = 1, #SHARD_PARTS do named[SHARD_PARTS[i]] = raw[first + i] end
   if #raw ~= first + #SHARD_PARTS then self:fail('keys') end
   return named
 end
@@ -221,16 +239,20 @@ local function store_now(clock_key, boot, mono, wall, persist)
   local now = mono + offset
   if persist then
     local set = { 's:' .. boot, now }
-    local function put(field, value)
-      set[#set + 1] = field
-      set[#set + 1] = value
-    end
     if last == nil or now > last then
-      put('last', now)
-      put('wall', wall)
+      set[3] = 'last'
+      set[4] = now
+      set[5] = 'wall'
+      set[6] = wall
     end
-    if not known then put('o:' .. boot, offset) end
-    if stored_epoch == nil then put('epoch', epoch or (now - wall)) end
+    if not known then
+      set[#set + 1] = 'o:' .. boot
+      set[#set + 1] = offset
+    end
+    if stored_epoch == nil then
+      set[#set + 1] = 'epoch'
+      set[#set + 1] = epoch or (now - wall)
+    end
     redis.call('HSET', clock_key, unpack(set))
     if not known then forget_old_boots(clock_key, boot) end
   end
@@ -411,9 +433,10 @@ end
 -- it writes: record_turn ends that one itself if it expired, and a live one is
 -- not due).
 -- Returns the number of sessions expired.
+local CHANNELS = { 'public', 'im' }
 local function expire_idle(shard, now, batch)
   local expired = 0
-  for _, channel in ipairs({ 'public', 'im' }) do
+  for _, channel in ipairs(CHANNELS) do
     if expired < batch then
       local cutoff = now - TTL_MS[channel]
       local victims = redis.call('ZRANGEBYSCORE', shard.lru[channel], '-inf', cutoff, 'LIMIT', 0, batch - expired)
@@ -606,7 +629,7 @@ end
 -- Returns member and last activity, or nil.
 local function lru_victim(shard, keep)
   local best, best_score = nil, nil
-  for _, channel in ipairs({ 'public', 'im' }) do
+  for _, channel in ipairs(CHANNELS) do
     local head = redis.call('ZRANGE', shard.lru[channel], 0, 1, 'WITHSCORES')
     local m, score = head[1], head[2]
     if m == keep then m, score = head[3], head[4] end
