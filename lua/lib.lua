@@ -596,15 +596,18 @@ end
 -- folding its oldest records into the summary (and, when archiving, into a new
 -- archive segment); publishes compacted (and summary_trimmed when old lines
 -- drop). `s` = {keys = its part keys in SESSION_PARTS order, turns, tools,
--- turn_bytes, summary_bytes}; the counts are updated in place, and
--- s.archive_delta says how the archive's bytes changed. The caller writes the
--- counts to the meta hash and the byte changes to the shard total.
+-- bytes (its records' and its summary's, as the meta hash counts them)}; the
+-- counts are updated in place, and s.archive_delta says how the archive's bytes
+-- changed. The caller writes the counts to the meta hash and the byte changes to
+-- the shard total. The summary is read only when the session must fold: a write
+-- within its bounds needs only the total.
 local function keep_session_bounds(shard, s, sid, member, limits)
   if s.turns <= limits.max_turns and s.tools <= limits.max_tools
-      and s.turn_bytes + s.summary_bytes <= limits.max_session_bytes then
+      and s.bytes <= limits.max_session_bytes then
     return
   end
   s.summary = redis.call('GET', s.keys[4]) or ''
+  s.turn_bytes = s.bytes - #s.summary
   local folded, trimmed, last_seq = compact(s, limits)
   if s.summary == '' then
     redis.call('DEL', s.keys[4])
@@ -612,13 +615,13 @@ local function keep_session_bounds(shard, s, sid, member, limits)
     redis.call('SET', s.keys[4], s.summary)
   end
   forget_receipts(s.keys[3], last_seq)
-  s.summary_bytes = #s.summary
+  s.bytes = s.turn_bytes + #s.summary
   local archived, dropped = close_segment(s, limits)
   s.archive_delta = (s.archive_delta or 0) + archived
   emit(shard, REASON.compacted, sid, member, 'folded', folded, 'turns', s.turns,
-    'bytes', s.turn_bytes + s.summary_bytes, 'archived_segments_dropped', dropped)
+    'bytes', s.bytes, 'archived_segments_dropped', dropped)
   if trimmed > 0 then
-    emit(shard, REASON.summary_trimmed, sid, member, 'lines', trimmed, 'summary_bytes', s.summary_bytes)
+    emit(shard, REASON.summary_trimmed, sid, member, 'lines', trimmed, 'summary_bytes', #s.summary)
   end
 end
 
