@@ -82,8 +82,10 @@ def utf8_prefix(text: str, max_bytes: int) -> tuple[str, bool]:
 
 def fold_line(head: str, text: str, line_bytes: int) -> tuple[str, bool]:
     """The summary line Lua folds a stored text into; True if the fold cut the text."""
-    flat = _NEWLINES.sub(" ", text)
+    flat = _NEWLINES.sub(" ", text) if "\n" in text or "\r" in text else text
     room = line_bytes - len(head.encode("utf-8"))
+    if len(flat) <= room and flat.isascii():
+        return head + flat, False  # it fits whole (ASCII: a byte a character): no cut
     kept, cut = utf8_prefix(flat, room)
     if cut:
         kept = utf8_prefix(flat, max(0, room - len(FOLD_CUT_MARKER)))[0] + FOLD_CUT_MARKER

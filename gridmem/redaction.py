@@ -739,6 +739,11 @@ class Redactor:
             frozenset(i for i, rule in enumerate(rules) if kw in rule.keywords) for kw in keywords
         ]
         self._always = frozenset(i for i, rule in enumerate(rules) if not rule.keywords)
+        # Every rule has keywords: then an ASCII text without escapes whose one scan
+        # finds no keyword wakes no rule, and redact() returns it as is without the
+        # rest of the path (its view is the text itself, and with no rule active
+        # _spans finds nothing): the same answer, about 2 us sooner, twice a record.
+        self._fast = not self._always
         # one compile per set of woken rules; real traffic wakes a few hundred sets
         self._plan = functools.lru_cache(maxsize=1024)(self._build_plan)
 
@@ -855,6 +860,17 @@ class Redactor:
         boundary only once the token glued to it is a marker), so a text that had
         matches is redacted again, up to SETTLE_ROUNDS times, until nothing changes.
         """
+        if (
+            self._fast
+            and text.isascii()
+            and not _may_escape(text)
+            and not self._keyword_set.Match(text.encode("ascii"))
+        ):
+            return text, 0  # what _redact_full finds: nothing (see _fast)
+        return self._redact_full(text)
+
+    def _redact_full(self, text: str) -> tuple[str, int]:
+        """redact() without its shortcut for text that wakes no rule."""
         out, count = self._redact_once(text)
         for _ in range(SETTLE_ROUNDS if count else 0):
             again, more = self._redact_once(out)

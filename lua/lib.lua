@@ -70,17 +70,34 @@ function Args:member(name, raw)
   return raw, uuid, channel
 end
 
+-- The last limits packet that parsed whole, and its table. A store sends the same
+-- packet with every call, and parsing is a pure function of the packet, so the parse
+-- is kept from one call to the next (a function library keeps its file-level locals):
+-- a call with that exact packet reads the table instead of parsing it again. A packet
+-- with a bad field is never kept, so every call with one fails as before. No script
+-- writes into a limits table (it is shared by the calls that send that packet).
+local limits_packet, limits_table = nil, nil
+
 -- The limits packet: comma-separated integers >= 0, LIMIT_FIELDS (prelude) in order.
 function Args:limits(name, raw)
-  local limits, i = {}, 0
+  if raw ~= nil and raw == limits_packet then return limits_table end
+  local limits, i, whole = {}, 0, true
   for part in string.gmatch(raw or '', '[^,]+') do
     i = i + 1
-    if LIMIT_FIELDS[i] == nil then break end
-    limits[LIMIT_FIELDS[i]] = self:int(name .. '.' .. LIMIT_FIELDS[i], part, 0)
+    local field = LIMIT_FIELDS[i]
+    if field == nil then break end
+    local n = tonumber(part)
+    if n == nil or n ~= math.floor(n) or n < 0 then
+      self:fail(name .. '.' .. field)  -- the name is built only for a bad field
+      n, whole = 0, false
+    end
+    limits[field] = n
   end
   if i ~= #LIMIT_FIELDS then
     self:fail(name)
     for _, field in ipairs(LIMIT_FIELDS) do limits[field] = limits[field] or 0 end
+  elseif whole then
+    limits_packet, limits_table = raw, limits
   end
   return limits
 end
@@ -108,13 +125,14 @@ end
 function Args:shard_keys(raw, with_session)
   local named, first = {}, 0
   if with_session then
-    named.own = {}
-    for i, part in ipairs(SESSION_PARTS) do
-      named[part], named.own[i] = raw[i], raw[i]
+    local own = {}
+    for i = 1, #SESSION_PARTS do
+      local key = raw[i]
+      named[SESSION_PARTS[i]], own[i] = key, key
     end
-    first = #SESSION_PARTS
+    named.own, first = own, #SESSION_PARTS
   end
-  for i, part in ipairs(SHARD_PARTS) do named[part] = raw[first + i] end
+  for i = 1, #SHARD_PARTS do named[SHARD_PARTS[i]] = raw[first + i] end
   if #raw ~= first + #SHARD_PARTS then self:fail('keys') end
   return named
 end
@@ -221,16 +239,20 @@ local function store_now(clock_key, boot, mono, wall, persist)
   local now = mono + offset
   if persist then
     local set = { 's:' .. boot, now }
-    local function put(field, value)
-      set[#set + 1] = field
-      set[#set + 1] = value
-    end
     if last == nil or now > last then
-      put('last', now)
-      put('wall', wall)
+      set[3] = 'last'
+      set[4] = now
+      set[5] = 'wall'
+      set[6] = wall
     end
-    if not known then put('o:' .. boot, offset) end
-    if stored_epoch == nil then put('epoch', epoch or (now - wall)) end
+    if not known then
+      set[#set + 1] = 'o:' .. boot
+      set[#set + 1] = offset
+    end
+    if stored_epoch == nil then
+      set[#set + 1] = 'epoch'
+      set[#set + 1] = epoch or (now - wall)
+    end
     redis.call('HSET', clock_key, unpack(set))
     if not known then forget_old_boots(clock_key, boot) end
   end
@@ -411,9 +433,10 @@ end
 -- it writes: record_turn ends that one itself if it expired, and a live one is
 -- not due).
 -- Returns the number of sessions expired.
+local CHANNELS = { 'public', 'im' }
 local function expire_idle(shard, now, batch)
   local expired = 0
-  for _, channel in ipairs({ 'public', 'im' }) do
+  for _, channel in ipairs(CHANNELS) do
     if expired < batch then
       local cutoff = now - TTL_MS[channel]
       local victims = redis.call('ZRANGEBYSCORE', shard.lru[channel], '-inf', cutoff, 'LIMIT', 0, batch - expired)
@@ -573,15 +596,18 @@ end
 -- folding its oldest records into the summary (and, when archiving, into a new
 -- archive segment); publishes compacted (and summary_trimmed when old lines
 -- drop). `s` = {keys = its part keys in SESSION_PARTS order, turns, tools,
--- turn_bytes, summary_bytes}; the counts are updated in place, and
--- s.archive_delta says how the archive's bytes changed. The caller writes the
--- counts to the meta hash and the byte changes to the shard total.
+-- bytes (its records' and its summary's, as the meta hash counts them)}; the
+-- counts are updated in place, and s.archive_delta says how the archive's bytes
+-- changed. The caller writes the counts to the meta hash and the byte changes to
+-- the shard total. The summary is read only when the session must fold: a write
+-- within its bounds needs only the total.
 local function keep_session_bounds(shard, s, sid, member, limits)
   if s.turns <= limits.max_turns and s.tools <= limits.max_tools
-      and s.turn_bytes + s.summary_bytes <= limits.max_session_bytes then
+      and s.bytes <= limits.max_session_bytes then
     return
   end
   s.summary = redis.call('GET', s.keys[4]) or ''
+  s.turn_bytes = s.bytes - #s.summary
   local folded, trimmed, last_seq = compact(s, limits)
   if s.summary == '' then
     redis.call('DEL', s.keys[4])
@@ -589,13 +615,13 @@ local function keep_session_bounds(shard, s, sid, member, limits)
     redis.call('SET', s.keys[4], s.summary)
   end
   forget_receipts(s.keys[3], last_seq)
-  s.summary_bytes = #s.summary
+  s.bytes = s.turn_bytes + #s.summary
   local archived, dropped = close_segment(s, limits)
   s.archive_delta = (s.archive_delta or 0) + archived
   emit(shard, REASON.compacted, sid, member, 'folded', folded, 'turns', s.turns,
-    'bytes', s.turn_bytes + s.summary_bytes, 'archived_segments_dropped', dropped)
+    'bytes', s.bytes, 'archived_segments_dropped', dropped)
   if trimmed > 0 then
-    emit(shard, REASON.summary_trimmed, sid, member, 'lines', trimmed, 'summary_bytes', s.summary_bytes)
+    emit(shard, REASON.summary_trimmed, sid, member, 'lines', trimmed, 'summary_bytes', #s.summary)
   end
 end
 
@@ -606,7 +632,7 @@ end
 -- Returns member and last activity, or nil.
 local function lru_victim(shard, keep)
   local best, best_score = nil, nil
-  for _, channel in ipairs({ 'public', 'im' }) do
+  for _, channel in ipairs(CHANNELS) do
     local head = redis.call('ZRANGE', shard.lru[channel], 0, 1, 'WITHSCORES')
     local m, score = head[1], head[2]
     if m == keep then m, score = head[3], head[4] end

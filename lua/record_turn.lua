@@ -91,10 +91,7 @@ if sid and idem ~= '' then
 end
 
 local new_session = 0
-local summary_bytes = 0
-if sid then
-  summary_bytes = redis.call('STRLEN', keys.summary)
-else
+if not sid then
   sid, new_session = candidate, 1
   meta = { sid, '0', '0', '0' }
   redis.call('HSET', keys.meta, 'sid', sid, 'created', wall)
@@ -110,8 +107,7 @@ local s = {
   keys = keys.own,
   turns = (tonumber(meta[2]) or 0) + 1,
   tools = (tonumber(meta[4]) or 0) + (string.sub(payload, 1, 4) == '["t"' and 1 or 0),
-  turn_bytes = old_bytes - summary_bytes + #entry,
-  summary_bytes = summary_bytes,
+  bytes = old_bytes + #entry,  -- records and summary (the summary is read only to fold)
 }
 -- Activity never moves backwards, even when a slower caller's clock reading lands late.
 if last == nil or now > last then
@@ -123,7 +119,7 @@ end
 
 keep_session_bounds(shard, s, sid, member, limits)
 
-local bytes = s.turn_bytes + s.summary_bytes
+local bytes = s.bytes
 redis.call('HSET', keys.meta, 'active', wall, 'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
 -- A few idle sessions of this shard go with every write, before the bound check
 -- below counts them: expired chat leaves even if nobody ever sweeps.

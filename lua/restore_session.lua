@@ -113,9 +113,9 @@ if tonumber(redis.call('GET', keys.seq) or '0') < previous then
 end
 
 if abytes > 0 then redis.call('HSET', keys.meta, 'segments', segments_text, 'abytes', abytes) end
-local s = { keys = keys.own, turns = #records / 2, tools = tools, turn_bytes = turn_bytes, summary_bytes = #summary }
+local s = { keys = keys.own, turns = #records / 2, tools = tools, bytes = turn_bytes + #summary }
 keep_session_bounds(shard, s, sid, member, limits)
-local bytes = s.turn_bytes + s.summary_bytes
+local bytes = s.bytes
 redis.call('HSET', keys.meta, 'sid', sid, 'created', created, 'active', active,
   'turns', s.turns, 'bytes', bytes, 'tools', s.tools)
 redis.call('HINCRBY', shard.stats, 'bytes', bytes + abytes + (s.archive_delta or 0))

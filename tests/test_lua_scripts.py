@@ -181,6 +181,46 @@ class TestRecordTurn:
             run("record_turn", RECORD_KEYS, record_args(limits=packet))
         assert redis.dbsize() == 0
 
+    def test_the_library_keeps_only_a_whole_limits_packet(self, redis: redis_py.Redis) -> None:
+        """Args:limits keeps the last packet that parsed whole from one FCALL to the next
+        (a function library's file-level state; EVAL, as `run`, keeps nothing): a bad
+        packet sent after a good one, and again after itself, still fails and writes
+        nothing; another good packet is read as itself, never as the one kept."""
+        executor, scripts = Executor(redis), Scripts(SCRIPTS)
+
+        def record(packet: str, seq_mono: int) -> object:
+            clock = ClockReading(seq_mono, int(NOW[1]) + seq_mono, NOW[2])
+            call = scripts.record_turn(
+                SESSION, SHARD, clock, candidate_session_id=SID, payload='["a","hi"]',
+                idempotency_key="", redactions=0, truncated=False, max_events=100,
+                limits=packet,
+            )  # fmt: skip
+            return executor.call(call)
+
+        # Given a good packet the library has parsed and kept
+        record(LIMITS, 1000)
+        before = dump_all(redis)
+        # When bad packets follow, each twice, Then each fails and nothing is written
+        for bad, message in [
+            (LIMITS.rsplit(",", 1)[0] + ",-1", "GM_BADARG limits.sweep_batch"),
+            (LIMITS.replace(",", ",x", 1), "GM_BADARG limits.low_turns"),
+            ("1,2,3", "GM_BADARG limits"),
+            (LIMITS + ",9", "GM_BADARG limits"),
+            ("", "GM_BADARG limits"),
+        ]:
+            for _ in range(2):
+                with pytest.raises(BadScriptArgument, match=message):
+                    record(bad, 2000)
+                assert dump_all(redis) == before
+        # And a good packet of one turn a session is read as itself: the next turn folds
+        one_turn = ",".join(["1", "1", *LIMITS.split(",")[2:]])
+        record(one_turn, 3000)
+        record(one_turn, 4000)
+        assert int(redis.hget(SESSION.meta, "turns")) == 1
+        # while the first packet, sent again, keeps every turn
+        record(LIMITS, 5000)
+        assert int(redis.hget(SESSION.meta, "turns")) == 2
+
     def test_corrupt_idempotency_receipt(self, run: Run, redis: redis_py.Redis) -> None:
         run("record_turn", RECORD_KEYS, record_args())
         redis.hset(SESSION.idem, "k", "garbage")

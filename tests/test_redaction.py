@@ -27,6 +27,7 @@ from gridmem import InvalidInput
 from gridmem import Limits
 from gridmem import ManualClock
 from gridmem import ToolSummary
+from gridmem.redaction import DEFAULT_REDACTOR
 from gridmem.redaction import RULES
 from gridmem.redaction import Redactor
 from gridmem.redaction import redact
@@ -369,6 +370,23 @@ def test_redaction_is_a_fixed_point(text: str) -> None:
 def test_prefilter_changes_nothing(text: str) -> None:
     """The keyword pre-filter only skips rules that cannot match."""
     assert redact(text) == ALWAYS.redact(text)
+
+
+ASCII_PIECES = st.one_of(
+    MARKERISH.filter(str.isascii),
+    ANY_CASE.map(lambda c: c.text).filter(str.isascii),
+    st.sampled_from(["\\u0022", "%7d", "&quot;", "&#61;", "\n", "\r\n"]),
+    st.text(st.characters(max_codepoint=127), max_size=12),
+)
+
+
+@settings(max_examples=examples(200))
+@example("p%61ssword%3Dhunter2hunter2")  # no keyword as written; decoded, a password
+@given(st.lists(ASCII_PIECES, max_size=8).map("".join))
+def test_the_shortcut_for_text_without_keywords_changes_nothing(text: str) -> None:
+    """redact() returns ASCII text that wakes no rule at once: the same answer as the
+    full path (and as a redactor without the pre-filter), escapes and markers included."""
+    assert redact(text) == DEFAULT_REDACTOR._redact_full(text) == ALWAYS.redact(text)
 
 
 # The corpus as (pasted text, a secret) pairs and chat with the secrets it holds,
