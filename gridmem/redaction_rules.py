@@ -55,6 +55,9 @@ LOOKS_SECRET = rf"(?:{MARKED}|{WORDY})"
 # Letters together with digits or symbols, in either order.
 _LETTER = r"[A-Za-z]"
 MIXED = rf"(?:{_V}*{_LETTER}{_V}*{_MARK}{_V}*|{_V}*{_MARK}{_V}*{_LETTER}{_V}*)"
+# The rest of an element's opening tag, through its `>`; never a `/>`, which closes an
+# empty element (`<add key="app_pwd" value="..."/>`): what follows one is not its text.
+OPEN_TAG_REST = r"(?:[^/>\n]|/+[^/>\n])*>"
 # In an `... is <value>` phrase: 6+ characters with a digit or an inner symbol.
 _PHRASE_MARK = r"[0-9#$%&*+\-/@^|~=]"
 PHRASE_VALUE = (
@@ -683,13 +686,17 @@ RULES: tuple[Rule, ...] = (
         + quoted("secret_nv")
         + r"|(?P<secret_nvb>"
         + MARKED
-        + r"))|[^>\n]*>(?P<secret_entry>[^<\n]+)<)"
+        + r"))|"
+        + OPEN_TAG_REST
+        + r"(?P<secret_entry>[^<\n]+)<)"
         # a suffixed name (`AuthToken_old`): the value must look machine-made
         + r"|(?i:\b(?:name|key))[\"']?[ \t]*[:=][ \t]*[\"']?(?:"
         + LOOSE_NAME
         + r")[\"']?(?:[ \t,]*(?:\r?\n[ \t]*)?[\"']?(?i:value)[\"']?[ \t]*[:=][ \t]*[\"']?(?P<secret_nvl>"
         + MIXED
-        + r")|[^>\n]*>(?P<secret_entryl>"
+        + r")|"
+        + OPEN_TAG_REST
+        + r"(?P<secret_entryl>"
         + MIXED
         + r")<)"
         # HTML/XML attributes in one tag, either order: `<input type="password"

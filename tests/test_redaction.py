@@ -322,6 +322,32 @@ COUNTEREXAMPLES: list[tuple[str, list[Case]]] = [
     # a YAML block under a header-like name (`api-key: |`): the credential-header rule
     # took the `|` as the value and left the block (dev profile, round 4)
     pasted(instance("assignment", 12367421, "zero-width")),
+    # two empty elements in a row (`.../>`): the element-text form (`<entry key=...>text<`)
+    # read the space after the first `/>` as its text, and the first value stayed
+    # (dev profile, full suite on issue 16's record branch)
+    pasted(
+        Case(
+            "assignment",
+            '<property name="bot_passphrase_old" value="\uff14\uff22\uff27\uff47\uff27\uff42\uff23\uff3a\uff19\uff4b\uff51\uff39\uff2a\uff57\uff44\uff26\uff46\uff28\uff14\uff58\uff28\uff16"/>',
+            (
+                "\uff14\uff22\uff27\uff47\uff27\uff42\uff23\uff3a\uff19\uff4b\uff51\uff39\uff2a\uff57\uff44\uff26\uff46\uff28\uff14\uff58\uff28\uff16",
+            ),
+        ),
+        Case(
+            "assignment",
+            '<add key="app_pwd" value="1+YZWccf27Wgy4OJBpU9y2D627" />',
+            ("1+YZWccf27Wgy4OJBpU9y2D627",),
+        ),
+    ),
+    pasted(
+        Case(
+            "assignment",
+            '<property name="bot_passphrase_old" value="4BGgGbCZ9kqYJwdFfH4xH6"/>',
+            ("4BGgGbCZ9kqYJwdFfH4xH6",),
+        ),
+        Case("assignment", '<entry key="token_old">ab12/cd34x</entry>', ("ab12/cd34x",)),
+        sep="\t",
+    ),
     # @@COUNTEREXAMPLES@@
 ]
 
