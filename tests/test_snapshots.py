@@ -1229,12 +1229,13 @@ def test_flush_asks_for_the_next_batch_while_it_builds_lines(
     assert _everything(store) == before
 
 
-def test_an_export_failing_in_the_helper_thread_fails_the_flush(
+def test_an_export_failing_mid_flush_fails_the_flush(
     make: Callable[..., ConversationStore], snapdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connection lost on a prefetched export call is the flush's error, as it was
-    before the calls overlapped: no new generation, no temp file, the helper thread
-    gone, the previous generation restorable."""
+    before the calls overlapped: no new generation, no temp file, no helper thread
+    (there are none since flush sends and reads its calls in one thread), the
+    previous generation restorable."""
     import threading
 
     import redis
