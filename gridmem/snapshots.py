@@ -748,30 +748,45 @@ def snapshot_line(session: ExportedSession) -> bytes:
     escapes control characters; the head is digits and hex) and flush checks it,
     so no entry can add to the line's structure. Restore decodes and checks every
     entry (entries_to_records)."""
-    uuid, channel = session.member.split(":")
-    entries = [*session.entries, *itertools.chain.from_iterable(session.archive)]
-    head = {
-        "avatar_uuid": uuid,
-        "channel": channel,
-        "session_id": session.session_id,
-        "created_at_ms": session.created_ms,
-        # Wall clocks step back and hosts disagree: a turn written by a host behind
-        # the one that opened the session is stamped before the session's creation.
-        # Its activity is at least its creation (restore refuses the reverse).
-        "last_active_at_ms": max(session.active_ms, session.created_ms),
-        "summary": session.summary,
-        "receipts": session.receipts,
-        "entries": len(session.entries),
-        "archive": [len(segment) for segment in session.archive],
-    }
-    text = _HEAD_JSON.encode(head).encode("utf-8")
+    entries = session.entries
+    if session.archive:
+        entries = [*entries, *itertools.chain.from_iterable(session.archive)]
+    text = _head_json(session).encode("utf-8")
     line = ENTRY_SEPARATOR.join([text, *entries]) + b"\n"
     _own_entries(line, len(text), len(entries), session.session_id)
     return line
 
 
-# json.dumps(head, ensure_ascii=False, separators=(",", ":")), its encoder built once
+def _head_json(session: ExportedSession) -> str:
+    """A format-2 line's head: what json.dumps(head, ensure_ascii=False,
+    separators=(",", ":")) writes for the session's head, a dict with these keys
+    in this order, each string through json's own string encoder
+    (tests/test_snapshots.py compares the two), in half the time
+    (docs/benchmarks.md, Snapshots):
+
+        {"avatar_uuid", "channel", "session_id", "created_at_ms",
+         "last_active_at_ms", "summary", "receipts", "entries", "archive"}
+    """
+    uuid, channel = session.member.split(":")
+    # Wall clocks step back and hosts disagree: a turn written by a host behind
+    # the one that opened the session is stamped before the session's creation.
+    # Its activity is at least its creation (restore refuses the reverse).
+    last_active = max(session.active_ms, session.created_ms)
+    receipts = _HEAD_JSON.encode(session.receipts) if session.receipts else "{}"
+    archive = ",".join([str(len(segment)) for segment in session.archive])
+    return (
+        f'{{"avatar_uuid":{_json_str(uuid)},"channel":{_json_str(channel)},'
+        f'"session_id":{_json_str(session.session_id)},'
+        f'"created_at_ms":{int(session.created_ms)},"last_active_at_ms":{int(last_active)},'
+        f'"summary":{_json_str(session.summary)},"receipts":{receipts},'
+        f'"entries":{len(session.entries)},"archive":[{archive}]}}'
+    )
+
+
+# json.dumps(..., ensure_ascii=False, separators=(",", ":")): the encoder built once,
+# and the function it writes a string with
 _HEAD_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_json_str: Callable[[str], str] = json.encoder.encode_basestring
 # A line's entry, from the separator before it: two fields, then the session ID it is
 # stamped with (`<seq>|<at ms>|<session id>|...`), each without a bar or separator.
 _ENTRY_STAMP = re.compile(rb"\x1f[^|\x1f\n]*\|[^|\x1f\n]*\|([^|\x1f\n]*)\|")
