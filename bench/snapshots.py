@@ -5,8 +5,10 @@
 Fills a private Valkey with N sessions (both channels, mixed record sizes),
 then measures flush() (MB/s of the generation written) and, after FLUSHALL,
 restore() (sessions/s). SLOWLOG records every command's server time, so the
-table also shows the longest single server-blocking call of each phase: export
-and restore work in bounded batches, so it must stay small.
+table also shows the longest single server-blocking call of each phase (and
+where in the phase it came, and how many took over 5 ms): export and restore work
+in bounded batches, so it must stay small. How long the server waited for a CPU
+(Linux schedstat) tells a call the scheduler stretched from a batch too large.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ def fill(store: ConversationStore, sessions: int, records: int) -> None:
 
 
 def server_calls_us(client: object) -> dict[str, list[int]]:
-    """Server time of each of gridmem's calls since the last SLOWLOG reset, by command."""
+    """Server time of each of gridmem's calls since the last SLOWLOG reset, by command,
+    in the order the server ran them."""
     calls: dict[str, list[int]] = {}
-    for entry in client.slowlog_get(1_000_000):  # type: ignore[attr-defined]
+    entries = client.slowlog_get(1_000_000)  # type: ignore[attr-defined]
+    for entry in sorted(entries, key=lambda e: e["id"]):
         command = entry["command"]
         text = command.decode() if isinstance(command, bytes) else str(command)
         name = text.split(" ")[0].upper()
@@ -66,11 +70,27 @@ def describe(calls: dict[str, list[int]]) -> str:
     for name, times in sorted(calls.items()):
         ordered = sorted(times)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        longest = max(range(len(times)), key=times.__getitem__) + 1
+        over = sum(t > 5_000 for t in times)
         parts.append(
-            f"{name} x{len(ordered)}: max {ordered[-1]:,}, p99 {p99:,}, "
-            f"median {ordered[len(ordered) // 2]:,}"
+            f"{name} x{len(ordered)}: max {ordered[-1]:,} (call {longest:,}), p99 {p99:,}, "
+            f"median {ordered[len(ordered) // 2]:,}, over 5 ms {over}"
         )
     return "; ".join(parts)
+
+
+def cpu_wait_ms(pid: int | None) -> float | None:
+    """How long the server has waited for a CPU, runnable but not running (Linux
+    schedstat, ms): a call the server spent waiting shows in SLOWLOG as a long one."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def waited(before: float | None, after: float | None) -> str:
+    return "n/a" if before is None or after is None else f"{after - before:,.1f} ms"
 
 
 def main() -> None:
@@ -95,16 +115,20 @@ def main() -> None:
             fill(store, args.sessions, args.records)
             client.config_set("slowlog-log-slower-than", 0)
             client.slowlog_reset()
+            wait0 = cpu_wait_ms(server.pid)
             start = time.perf_counter()
             info = store.flush()
             flush_s = time.perf_counter() - start
+            flush_wait = waited(wait0, cpu_wait_ms(server.pid))
             flush_calls = server_calls_us(client)
             assert info is not None
             client.flushall()
             client.slowlog_reset()
+            wait0 = cpu_wait_ms(server.pid)
             start = time.perf_counter()
             report = store.restore()
             restore_s = time.perf_counter() - start
+            restore_wait = waited(wait0, cpu_wait_ms(server.pid))
             restore_calls = server_calls_us(client)
             assert report.error is None and report.sessions_restored == info.sessions, report
     finally:
@@ -119,7 +143,12 @@ def main() -> None:
     ]
     for phase, seconds, rate, calls in rows:
         print(f"{phase:<10} {seconds:>8.2f} {rate:>22}   {describe(calls)}")
-    print("\n(FUNCTION: the one-time FUNCTION LOAD of gridmem's library; FCALL: the batches.)")
+    print(
+        f"\nThe server waited for a CPU (runnable, not running): flush {flush_wait}, "
+        f"restore {restore_wait}."
+    )
+    print("(FUNCTION: the one-time FUNCTION LOAD of gridmem's library; FCALL: the batches;")
+    print(" call n: the longest call's place in the phase, 1 = its first.)")
     print(
         "SLOWLOG times are the server's wall time: on a shared machine a descheduled server"
         "\nshows as a lone long call; p99 next to max tells such a spike from a batch too large."

@@ -62,6 +62,7 @@ import math
 from collections.abc import Awaitable
 from collections.abc import Callable
 from typing import Any
+from typing import Generic
 from typing import TypeVar
 from typing import overload
 
@@ -343,6 +344,37 @@ class Executor:
             raw = answer_to_error(call, exc)
         return call.parse(raw)
 
+    def submit(self, call: ScriptCall[T]) -> Pending[T]:
+        """Send an idempotent script call now, read its reply later (Pending.result):
+        the caller works while the server runs it, in one thread (flush's export
+        batches: docs/benchmarks.md, Snapshots). The call holds a pooled connection
+        of its own until then. Where a call cannot be split so (a cluster, a
+        single-connection client, a call that writes or is not idempotent), it runs
+        now, whole, and result() returns its answer."""
+        if self.closed:
+            raise StoreClosed
+        client: Any = self.client
+        if (
+            self.cluster is not None
+            or client.connection is not None
+            or not call.idempotent
+            or writes(call)
+        ):
+            return Pending(self, call, None, self.call(call))
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([hiredis.pack_command(fcall_command(call))])
+        except RETRYABLE:
+            conn.disconnect()  # idempotent: sent again the ordinary way, with retries
+            pool.release(conn)
+            return Pending(self, call, None, self.call(call))
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        return Pending(self, call, conn)
+
     def transaction(self, commands: Commands) -> list[Any]:
         """EXEC's replies to MULTI + commands + EXEC, unparsed."""
         if self.closed:
@@ -575,6 +607,55 @@ class Executor:
             if own is None:
                 client.connection_pool.release(conn)
         return _raise_errors(replies)
+
+
+class Pending(Generic[T]):
+    """A script call Executor.submit sent, its reply not yet read (or its answer, for
+    a call run at once). result() reads it, once; cancel() drops a reply never to be
+    read (its connection is closed: a reply left unread must not reach another call)."""
+
+    def __init__(
+        self, executor: Executor, call: ScriptCall[T], conn: Any, answer: Any = None
+    ) -> None:
+        self._executor = executor
+        self._call = call
+        self._conn = conn
+        self._answer = answer
+
+    def result(self) -> T:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            answer: T = self._answer
+            return answer
+        executor, call = self._executor, self._call
+        client: Any = executor.client  # a plain client: see submit()
+        pool = client.connection_pool
+        try:
+            raw = conn.read_response()
+        except redis.ResponseError as exc:  # read whole: the connection stays usable
+            pool.release(conn)
+            if is_function_missing(exc):
+                executor._load(call, executor._send)
+                return executor.call(call)  # sent again, the library loaded
+            raw = answer_to_error(call, exc)
+        except RETRYABLE:
+            conn.disconnect()
+            pool.release(conn)
+            return executor.call(call)  # idempotent: sent again, with the retries
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        else:
+            pool.release(conn)
+        return call.parse(raw)
+
+    def cancel(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+            client: Any = self._executor.client
+            client.connection_pool.release(conn)
 
 
 def _connection_sender(conn: Any) -> Callable[..., Awaitable[Any]]:

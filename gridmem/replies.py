@@ -240,7 +240,7 @@ def _split_segments(segments: str, entries: list[bytes]) -> list[list[bytes]]:
 def _parse_export(raw: Sequence[Any]) -> ExportReply:
     sessions = []
     for member, sid, created, active, summary, entries, receipts, segments, archived in raw[1:]:
-        pairs = texts(receipts)
+        pairs = texts(receipts) if receipts else []  # most sessions have neither
         sessions.append(
             ExportedSession(
                 text(member),
@@ -250,7 +250,7 @@ def _parse_export(raw: Sequence[Any]) -> ExportReply:
                 text(summary),
                 raw_bytes(entries),
                 dict(zip(pairs[0::2], pairs[1::2], strict=True)),
-                _split_segments(text(segments), raw_bytes(archived)),
+                _split_segments(text(segments), raw_bytes(archived)) if segments else [],
             )
         )
     return ExportReply(text(raw[0]), sessions)

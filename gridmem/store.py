@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Iterator
-from concurrent.futures import Future
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from typing import Generic
 from typing import NamedTuple
+from typing import Protocol
 from typing import TypeVar
 from typing import cast
 
@@ -45,6 +46,7 @@ from gridmem.errors import StoreClosed
 from gridmem.executor import AsyncClient
 from gridmem.executor import AsyncExecutor
 from gridmem.executor import Executor
+from gridmem.executor import Pending
 from gridmem.executor import SyncClient
 from gridmem.keys import KeySpace
 from gridmem.keys import ServiceKeys
@@ -76,6 +78,7 @@ from gridmem.snapshots import expired as snapshot_expired
 from gridmem.snapshots import snapshot_line
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 # Where flush's export cursors meet: the middle of the member space ('<uuid>:
 # <channel>', lexical order; avatar keys are random UUIDs). The first cursor
 # exports members up to the first split, the next those after it, and so on.
@@ -541,34 +544,33 @@ class ConversationStore:
         """Every live session as one snapshot line, shard by shard, in bounded batches.
 
         Two cursors walk each shard's members, one up to EXPORT_SPLITS[0] and one
-        after it, each asking for its next batch (in a helper thread, on a connection of
-        its own) as soon as it has its last one: while the lines of one batch are
-        built and written, the server reads the next, and it has the other
-        cursor's call to run while a reply is on its way. Two calls at most are in
-        flight; each is as short as before (docs/benchmarks.md, Snapshots)."""
-        with ThreadPoolExecutor(
-            max_workers=len(EXPORT_SPLITS) + 1, thread_name_prefix="gridmem-export"
-        ) as pool:
-
-            def ask(shard: int, after: str) -> Future[ExportReply]:
-                return pool.submit(self._drive, self._ops.export_batch(shard, after))
-
+        after it. A cursor sends its next call as soon as it has read its last reply,
+        before that batch becomes lines (`_start`: sent now, read later, in this
+        thread): the server reads the next batches while lines are built and
+        written, and has the other cursor's call to run while a reply is on its
+        way. Two calls at most are in flight; each is as short as before. One thread:
+        helper threads made every reply wait for the GIL the line building held,
+        and the next call with it (docs/benchmarks.md, Snapshots)."""
+        cursors: deque[tuple[Started[ExportReply], str | None]] = deque()
+        try:
             for shard in self._ops.keys.all_shards():
                 # (the next batch, the last member this cursor exports; None: to the end)
                 bounds = ["", *EXPORT_SPLITS]
                 ends: list[str | None] = [*EXPORT_SPLITS, None]
-                cursors: list[tuple[Future[ExportReply], str | None]] = [
-                    (ask(shard.shard, after), last)
-                    for after, last in zip(bounds, ends, strict=True)
-                ]
+                for after, last in zip(bounds, ends, strict=True):
+                    cursors.append((self._start(self._ops.export_batch(shard.shard, after)), last))
                 while cursors:
-                    pending, last = cursors.pop(0)
+                    pending, last = cursors.popleft()
                     batch = pending.result()
                     if batch.next_after and (last is None or batch.next_after < last):
-                        cursors.append((ask(shard.shard, batch.next_after), last))
+                        ask = self._ops.export_batch(shard.shard, batch.next_after)
+                        cursors.append((self._start(ask), last))
                     for session in batch.sessions:
                         if last is None or session.member <= last:  # after it: the other's
                             yield snapshot_line(session)
+        finally:
+            for pending, _ in cursors:  # a flush that failed: replies never to be read
+                pending.cancel()
 
     def _restore_newest_valid(self, snapshots: SnapshotDirectory, report: RestoreReport) -> None:
         generations, report.skipped = snapshots.scan()
@@ -639,6 +641,24 @@ class ConversationStore:
             call = next(op)  # validation runs here, before any command
             while True:
                 call = op.send(run(call))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    def _start(self, op: Op[T]) -> Started[T]:
+        """Run an operation whose first call is a script call, that call sent now and
+        its reply read by result() (Executor.submit); the rest as _drive runs it."""
+        call = next(op)  # validation runs here, before any command
+        if not isinstance(call, ScriptCall):
+            return _Finished(self._drive_from(op, call))
+        pending = self.executor.submit(call)
+        return _Resumed(self, op, pending)
+
+    def _drive_from(self, op: Op[T], call: AnyCall) -> T:
+        """_drive, from a call the operation already yielded."""
+        try:
+            while True:
+                call = op.send(self.executor.call(call))
         except StopIteration as done:
             result: T = done.value
             return result
@@ -909,6 +929,11 @@ class _LoopDrivenFiles(ConversationStore):
         assert self._loop is not None, "only called from in_thread"
         return asyncio.run_coroutine_threadsafe(self._door._drive(op), self._loop).result()
 
+    def _start(self, op: Op[T]) -> Started[T]:
+        """The operation runs on the loop now; result() waits for it."""
+        assert self._loop is not None, "only called from in_thread"
+        return asyncio.run_coroutine_threadsafe(self._door._drive(op), self._loop)
+
 
 class _LoopDrivenCommands:
     """The plain commands of the backlog code (an Executor's `command`), sent by the
@@ -926,6 +951,48 @@ class _LoopDrivenCommands:
         assert loop is not None, "only called from in_thread"
         coroutine = self._files._door.executor.command(*args)
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+
+class Started(Protocol[T_co]):
+    """An operation under way (ConversationStore._start): its result, or cancel()
+    when it will never be asked for."""
+
+    def result(self) -> T_co: ...
+
+    def cancel(self) -> Any: ...
+
+
+class _Finished(Generic[T]):
+    """An operation that ran whole at once."""
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+
+    def result(self) -> T:
+        return self._value
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Resumed(Generic[T]):
+    """An operation waiting for the reply of its first call (Executor.submit)."""
+
+    def __init__(self, store: ConversationStore, op: Op[T], pending: Pending[Any]) -> None:
+        self._store, self._op, self._pending = store, op, pending
+
+    def result(self) -> T:
+        op = self._op
+        try:
+            call = op.send(self._pending.result())
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        return self._store._drive_from(op, call)
+
+    def cancel(self) -> None:
+        self._pending.cancel()
+        self._op.close()
 
 
 class _Done(NamedTuple):

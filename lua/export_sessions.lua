@@ -15,7 +15,7 @@
 -- ARGV[6] = max_bytes: stop the batch once this many stored bytes were read (>= 1)
 -- Returns: {next_after ('' at the end),
 --           {member, session_id, created_ms, active_ms, summary, {record, ...}, {key, receipt, ...},
---            archive segments ('first-last-bytes,...'), {archived record, ...}}, ...}
+--            archive segments ('first-last-bytes,...'), {archived record, ...} ({} without segments)}, ...}
 -- Flags:   no-writes (read-only; runs even while the server is out of memory)
 -- Errors:  "GM_BADARG <field>" on a malformed argument
 -- Reads each exported session's keys by name (session_keys), inside this shard's hash tag.
@@ -36,17 +36,41 @@ local members = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, max_s
 local now = store_now(KEYS[4], boot, mono, wall, false)
 local prefix = shard_prefix(KEYS[1])
 local lru = { public = KEYS[2], im = KEYS[3] }
+-- each member's channel and last activity: one ZMSCORE per channel for the batch,
+-- not a ZSCORE per session (a fifth of the server calls of a flush)
+local channels, last = {}, {}
+for i, m in ipairs(members) do
+  local _, channel = split_member(m)
+  channels[i] = channel
+end
+for channel, key in pairs(lru) do
+  local names, at = {}, {}
+  for i, m in ipairs(members) do
+    if channels[i] == channel then
+      names[#names + 1] = m
+      at[#at + 1] = i
+    end
+  end
+  if #names > 0 then
+    local scores = redis.call('ZMSCORE', key, unpack(names))
+    for j, i in ipairs(at) do last[i] = tonumber(scores[j]) end -- none: false -> nil
+  end
+end
 local reply = { '' }
 local read = 0
 for i, m in ipairs(members) do
-  local _, channel = split_member(m)
+  local channel = channels[i]
   local keys = session_keys(prefix, m)
   local meta = redis.call('HMGET', keys[1], 'sid', 'created', 'active', 'bytes', 'segments', 'abytes')
-  if meta[1] and channel and not is_expired(lru[channel], m, channel, now) then
+  if meta[1] and channel and not expired_at(last[i], channel, now) then
+    -- archived entries count only inside a segment: with none, the archive is not read
+    local segments = meta[5] or ''
+    local archived = {}
+    if segments ~= '' then archived = redis.call('ZRANGE', keys[5], 0, -1) end
     reply[#reply + 1] = {
       m, meta[1], meta[2] or '0', meta[3] or '0', redis.call('GET', keys[4]) or '',
       redis.call('ZRANGE', keys[2], 0, -1), redis.call('HGETALL', keys[3]),
-      meta[5] or '', redis.call('ZRANGE', keys[5], 0, -1),
+      segments, archived,
     }
     read = read + (tonumber(meta[4]) or 0) + (tonumber(meta[6]) or 0)
   end

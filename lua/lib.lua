@@ -419,10 +419,15 @@ end
 
 -- Is the session `member` (last activity = its LRU score) expired at store time `now`?
 -- A session without an LRU entry is treated as expired: it cannot be kept alive.
--- Also returns its last activity.
+-- Also returns its last activity. expired_at: the same, its last activity (or nil)
+-- read already.
+local function expired_at(last, channel, now)
+  return last == nil or now - last >= TTL_MS[channel]
+end
+
 local function is_expired(lru_key, member, channel, now)
   local last = tonumber(redis.call('ZSCORE', lru_key, member))
-  return last == nil or now - last >= TTL_MS[channel], last
+  return expired_at(last, channel, now), last
 end
 
 -- Expire up to `batch` sessions of the shard idle for at least their channel's

@@ -354,3 +354,52 @@ def test_a_pipeline_read_past_the_socket_timeout_raises_and_drops_its_connection
     after, quick = asyncio.run(run())
     assert after == [b"v", b"mine"]
     assert quick == [None]  # a wait inside the deadline is no timeout
+
+
+def _an_export(store: ConversationStore) -> Any:
+    """The first export_sessions call of a flush: read-only, idempotent, whole sessions."""
+    return next(store._ops.export_batch(0, ""))
+
+
+def test_a_submitted_call_is_answered_when_read_and_loads_a_missing_library(
+    redis: Any, command_counter: CommandCounter
+) -> None:
+    """Executor.submit (flush's export batches, issue 16) sends now and reads later:
+    the reply is the one call() gives, and a server without the library gets it
+    loaded and the call sent once more, as call() does."""
+    store = ConversationStore(redis)
+    store.record(avatar(1), "im", AvatarMessage(text="exported"))
+    expected = store.executor.call(_an_export(store))
+    assert [s.member for s in expected.sessions] == [f"{avatar(1)}:im"]
+    redis.function_flush()
+    command_counter.commands.clear()
+    pending = store.executor.submit(_an_export(store))
+    assert [c for c in command_counter.commands if c != "<connection>"] == ["FCALL"]
+    assert pending.result() == expected
+    assert [c for c in command_counter.commands if c != "<connection>"] == [
+        "FCALL", "FUNCTION", "FCALL"
+    ]  # fmt: skip
+
+
+def test_a_submitted_call_cut_before_its_reply_is_sent_again(redis: Any) -> None:
+    """A connection lost between sending and reading (a server restart) is a
+    connection fault of an idempotent call: sent again, with the retries."""
+    store = ConversationStore(redis)
+    store.record(avatar(1), "im", AvatarMessage(text="exported"))
+    expected = store.executor.call(_an_export(store))
+    pending = store.executor.submit(_an_export(store))
+    pending._conn.disconnect()  # the reply is lost with the connection
+    assert pending.result() == expected
+
+
+def test_a_cancelled_call_leaves_no_reply_for_the_next_call(redis: Any) -> None:
+    """A flush that fails with calls under way cancels them: their connections are
+    closed, never handed to the next call with a reply it did not ask for."""
+    store = ConversationStore(redis)
+    store.record(avatar(1), "im", AvatarMessage(text="exported"))
+    expected = store.executor.call(_a_script())
+    for _ in range(3):
+        store.executor.submit(_an_export(store)).cancel()
+        assert store.executor.call(_a_script()) == expected
+    pool = redis.connection_pool
+    assert not getattr(pool, "_in_use_connections", set())  # every one released
