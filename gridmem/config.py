@@ -391,10 +391,10 @@ class WorkerSettings(BaseModel):
     # LLM calls in flight per process (twice as many entries in hand: the next wave
     # is recorded and read while a wave of calls is out). 256 from
     # bench/service.py's L x C grid (docs/benchmarks.md, issue 16): at a 2 s model
-    # 5-6x the messages/s of 32, p99 2.1 s paced at 0.8 of its ceiling, about 30-60
-    # KiB per conversation; above it one process's CPU is the bound (about 400
-    # messages/s here), so add processes rather than concurrency. The pools follow
-    # it: 2 x concurrency LLM connections, partitions + 16 + concurrency / 4 Redis.
+    # 0.95-0.99 of C / L, 7.6x the messages/s of 32, about 70 KiB of RSS per call
+    # slot; one process moves about 400-600 messages/s with an LLM at most, so past
+    # that add processes rather than concurrency. The pools follow it: 2 x
+    # concurrency LLM connections, partitions + 16 + concurrency / 4 Redis.
     concurrency: int = Field(default=256, ge=1, le=1024)
     # How long a worker owns a conversation key it is answering (renewed while busy);
     # after a crash, another worker takes the key over once the lease runs out.
