@@ -326,18 +326,42 @@ class CommandCounter:
         pool.get_connection = checkout  # type: ignore[method-assign]
 
     def watch_async(self, client: Any) -> None:
-        """Count a redis.asyncio client's commands too (the async door's, tests/doors.py)."""
+        """Count a redis.asyncio client's commands too (the async door's, tests/doors.py),
+        a lone command written straight to a pooled connection (AsyncExecutor's FCALL)
+        by its name, as the blocking client's."""
         original = client.execute_command
         pool = client.connection_pool
         original_checkout = pool.get_connection
+        inside = [0]  # > 0 while execute_command runs: its packets are counted already
 
         async def counting(*args: Any, **options: Any) -> Any:
             self.commands.append(str(args[0]))
-            return await original(*args, **options)
+            inside[0] += 1
+            try:
+                return await original(*args, **options)
+            finally:
+                inside[0] -= 1
+
+        def watch(conn: Any) -> Any:
+            if getattr(conn, "_counted_by", None) is self:
+                return conn
+            send = conn.send_packed_command
+
+            async def sending(packets: Any, *args: Any, **options: Any) -> Any:
+                if isinstance(packets, list):
+                    head = b"".join(packets[:1]).split(b"\r\n", 3)
+                    name = head[2].decode() if len(head) > 2 else ""
+                    if not inside[0] and name.upper() != "MULTI":
+                        self.commands.append(name)
+                return await send(packets, *args, **options)
+
+            conn.send_packed_command = sending
+            conn._counted_by = self
+            return conn
 
         async def checkout(*args: Any, **options: Any) -> Any:
             self.commands.append("<connection>")
-            return await original_checkout(*args, **options)
+            return watch(await original_checkout(*args, **options))
 
         client.execute_command = counting
         pool.get_connection = checkout
