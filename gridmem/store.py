@@ -636,29 +636,30 @@ class ConversationStore:
     # -- driving the shared operations ----------------------------------------------
 
     def _drive(self, op: Op[T]) -> T:
-        run = self.executor.call
         try:
             call = next(op)  # validation runs here, before any command
-            while True:
-                call = op.send(run(call))
         except StopIteration as done:
             result: T = done.value
             return result
+        return self._drive_from(op, call)
 
     def _start(self, op: Op[T]) -> Started[T]:
         """Run an operation whose first call is a script call, that call sent now and
         its reply read by result() (Executor.submit); the rest as _drive runs it."""
-        call = next(op)  # validation runs here, before any command
+        try:
+            call = next(op)  # validation runs here, before any command
+        except StopIteration as done:
+            return _Finished(done.value)
         if not isinstance(call, ScriptCall):
             return _Finished(self._drive_from(op, call))
-        pending = self.executor.submit(call)
-        return _Resumed(self, op, pending)
+        return _Resumed(self, op, self.executor.submit(call))
 
     def _drive_from(self, op: Op[T], call: AnyCall) -> T:
         """_drive, from a call the operation already yielded."""
+        run = self.executor.call
         try:
             while True:
-                call = op.send(self.executor.call(call))
+                call = op.send(run(call))
         except StopIteration as done:
             result: T = done.value
             return result

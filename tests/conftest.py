@@ -308,10 +308,7 @@ class CommandCounter:
             send = conn.send_packed_command
 
             def sending(packets: Any, *args: Any, **options: Any) -> Any:
-                head = b"".join(packets[:1]).split(b"\r\n", 3)
-                name = head[2].decode() if len(head) > 2 else ""
-                if not inside[0] and name.upper() != "MULTI":
-                    self.commands.append(name)
+                self._note_lone_command(packets, counted=inside[0] > 0)
                 return send(packets, *args, **options)
 
             conn.send_packed_command = sending
@@ -348,11 +345,7 @@ class CommandCounter:
             send = conn.send_packed_command
 
             async def sending(packets: Any, *args: Any, **options: Any) -> Any:
-                if isinstance(packets, list):
-                    head = b"".join(packets[:1]).split(b"\r\n", 3)
-                    name = head[2].decode() if len(head) > 2 else ""
-                    if not inside[0] and name.upper() != "MULTI":
-                        self.commands.append(name)
+                self._note_lone_command(packets, counted=inside[0] > 0)
                 return await send(packets, *args, **options)
 
             conn.send_packed_command = sending
@@ -365,6 +358,17 @@ class CommandCounter:
 
         client.execute_command = counting
         pool.get_connection = checkout
+
+    def _note_lone_command(self, packets: Any, *, counted: bool) -> None:
+        """A write straight to a pooled connection, by its command's name, unless
+        execute_command counted it already or it opens a MULTI/EXEC (counted by the
+        connection it took)."""
+        if counted or not isinstance(packets, list):
+            return
+        head = b"".join(packets[:1]).split(b"\r\n", 3)
+        name = head[2].decode() if len(head) > 2 else ""
+        if name.upper() != "MULTI":
+            self.commands.append(name)
 
 
 @pytest.fixture

@@ -285,3 +285,17 @@ def test_stats_counts_everything_and_nothing_more(
     [meta] = store.list_metadata().items
     assert stats.stored_bytes == meta.byte_count
     assert "hunter22" not in stats.model_dump_json()
+
+
+def test_a_started_operation_that_ends_before_any_command_gives_its_value(redis: Any) -> None:
+    """ConversationStore._start (flush's export: first call sent now, read later) runs
+    an operation that returns before its first command, as _drive does, instead of
+    letting its StopIteration out."""
+    store = ConversationStore(redis)
+
+    def ends_at_once() -> Any:
+        return "nothing to send"
+        yield  # a generator, as every operation is
+
+    assert store._start(ends_at_once()).result() == "nothing to send"
+    assert store._drive(ends_at_once()) == "nothing to send"
