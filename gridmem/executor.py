@@ -20,6 +20,10 @@ over `redis.asyncio`, with the same ways to send:
   cluster where the second call lies in another slot, the two are sent one after
   the other, the write first.
 - `transaction(commands)`: EXEC's replies, without parsing (tests compare them).
+- `submit(ScriptCall)` (blocking executor only): an idempotent read's FCALL written
+  now on a pooled connection, its reply read later (`Pending.result`), so one thread
+  works while the server runs it (flush's export batches); run whole at once where
+  it cannot be split so (a cluster, a single-connection client, a write).
 - `command(*args)`: one plain command, sent once (the service's blocking XREAD,
   the HSET of a rejected entry's reason); a blocking read that a failover ended
   early raises `Unblocked`.
